@@ -1,0 +1,25 @@
+// Capturing ATen operator calls on ipu tensors into the pending graph.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+namespace poptorch::capture {
+
+// The IPU key's boxed fallback: every operator without an explicit ipu kernel
+// comes here. It captures the call, or runs it on the host when its output
+// shape cannot be known before it runs.
+void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
+// Records `op` on the stack's arguments as a node of the pending graph and
+// replaces them with its (lazy) results. Returns false, leaving the stack
+// alone, when the op's Meta kernel cannot infer its outputs.
+bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Runs `op` at once on the host (a graph break), counted and logged once per op.
+void hostFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* reason);
+
+// Runs the pending graph (poptorch.synchronize()).
+void synchronize();
+
+}  // namespace poptorch::capture

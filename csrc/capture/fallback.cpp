@@ -1,0 +1,337 @@
+// Capture of ordinary operators. The op's Meta kernel runs at once on meta
+// twins of the arguments, so shape and dtype errors surface at the line that
+// caused them; the results are lazy ipu tensors with the inferred layout.
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/CPUFallback.h>
+#include <absl/container/flat_hash_map.h>
+#include <torch/library.h>
+
+#include "capture/capture.h"
+#include "capture/pending_graph.h"
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "device/ipu_device.h"
+#include "device/ipu_tensor.h"
+
+namespace poptorch::capture {
+namespace {
+
+template <typename F>
+void forEachTensor(const c10::IValue& value, F&& fn) {
+  if (value.isTensor()) {
+    fn(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList()) fn(t);
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) forEachTensor(element, fn);
+  }
+}
+
+bool isOptionalTensorList(const c10::Argument& argument) {
+  return argument.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors()) &&
+         !argument.type()->isSubtypeOf(*c10::ListType::ofTensors());
+}
+
+// Floats and Scalars are data, not structure: they may change from one run of
+// the same executable to the next.
+bool isRuntimeNumber(const c10::Argument& argument) {
+  c10::TypePtr type = argument.type();
+  if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+  return type->kind() == c10::TypeKind::NumberType || type->kind() == c10::TypeKind::FloatType;
+}
+
+std::string opName(const c10::OperatorHandle& op) {
+  const c10::OperatorName& n = op.operator_name();
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+}
+
+// The ipu device the op runs on. Host tensors may only be 0-dim scalars, as
+// for CUDA; host index tensors in Tensor?[] lists are uploaded by the caller.
+std::optional<c10::Device> commonDevice(const c10::OperatorHandle& op,
+                                        c10::ArrayRef<c10::IValue> arguments) {
+  std::optional<c10::Device> ipu;
+  std::optional<c10::Device> other;
+  const auto& schema = op.schema();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const bool in_index_list = isOptionalTensorList(schema.arguments()[i]);
+    forEachTensor(arguments[i], [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      if (t.is_ipu()) {
+        if (!ipu) ipu = t.device();
+        if (*ipu != t.device()) other = t.device();
+      } else if (!(t.is_cpu() && (in_index_list || (t.dim() == 0 && arguments[i].isTensor())))) {
+        other = t.device();
+      }
+    });
+  }
+  TORCH_CHECK(!(ipu && other), "Expected all tensors to be on the same device, but found at "
+              "least two devices, ", *ipu, " and ", *other, "! (in ", opName(op),
+              "; move them with .to(\"", *ipu, "\"))");
+  return ipu;
+}
+
+// The device of an op with no ipu tensor argument: a factory asked for an ipu.
+c10::Device factoryDevice(c10::ArrayRef<c10::IValue> arguments) {
+  for (const c10::IValue& value : arguments) {
+    if (value.isDevice() && value.toDevice().is_ipu() && value.toDevice().has_index()) {
+      return value.toDevice();
+    }
+  }
+  return device::ipu(device::currentIndex());
+}
+
+// Host tensors in Tensor?[] index lists become ipu tensors, as CUDA moves them.
+void uploadIndexLists(const c10::OperatorHandle& op, torch::jit::Stack* stack, int device) {
+  const auto& schema = op.schema();
+  const size_t first = stack->size() - schema.arguments().size();
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    c10::IValue& value = (*stack)[first + i];
+    if (!isOptionalTensorList(schema.arguments()[i]) || !value.isList()) continue;
+    c10::List<std::optional<at::Tensor>> uploaded;
+    for (const c10::IValue& element : value.toListRef()) {
+      if (element.isTensor() && element.toTensor().is_cpu()) {
+        uploaded.push_back(device::uploadToIpu(element.toTensor(), device));
+      } else {
+        uploaded.push_back(element.isNone() ? std::nullopt
+                                            : std::optional<at::Tensor>(element.toTensor()));
+      }
+    }
+    value = uploaded;
+  }
+}
+
+// Meta twins of ipu tensors. Twins of views of one ipu storage share one meta
+// storage, so the Meta kernels see the same aliasing as the real ones.
+class MetaTwins {
+ public:
+  c10::IValue convert(const c10::IValue& value) {
+    if (value.isTensor()) return twin(value.toTensor());
+    if (value.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : value.toTensorList()) list.push_back(twin(t));
+      return list;
+    }
+    if (value.isList()) {
+      c10::impl::GenericList list(value.toList().elementType());
+      for (const c10::IValue& element : value.toListRef()) list.push_back(convert(element));
+      return list;
+    }
+    return value;
+  }
+
+  // The ipu storage behind a meta storage, for results that are views.
+  const c10::Storage* ipuStorageOf(const c10::StorageImpl* meta) const {
+    auto it = ipu_storage_.find(meta);
+    return it == ipu_storage_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  at::Tensor twin(const at::Tensor& t) {
+    if (!t.defined() || !t.is_ipu()) return t;
+    c10::StorageImpl* ipu = t.storage().unsafeGetStorageImpl();
+    auto [it, inserted] = meta_storage_.try_emplace(ipu);
+    if (inserted) {
+      it->second = c10::Storage(c10::Storage::use_byte_size_t(), ipu->nbytes(),
+                                c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+                                c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+      ipu_storage_.emplace(it->second.unsafeGetStorageImpl(), t.storage());
+    }
+    auto impl = c10::make_intrusive<c10::TensorImpl>(
+        c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    return at::Tensor(std::move(impl));
+  }
+
+  absl::flat_hash_map<const c10::StorageImpl*, c10::Storage> meta_storage_;
+  absl::flat_hash_map<const c10::StorageImpl*, c10::Storage> ipu_storage_;
+};
+
+// An out= argument the Meta kernel resized: give the ipu tensor the same
+// layout, growing its storage if needed.
+void mirrorLayout(const at::Tensor& ipu, const at::Tensor& meta, PendingGraph& pending) {
+  if (ipu.sizes().equals(meta.sizes()) && ipu.strides().equals(meta.strides()) &&
+      ipu.storage_offset() == meta.storage_offset()) {
+    return;
+  }
+  c10::StorageImpl* storage = ipu.storage().unsafeGetStorageImpl();
+  const size_t nbytes = at::detail::computeStorageNbytes(meta.sizes(), meta.strides(),
+                                                         ipu.itemsize(), meta.storage_offset());
+  if (nbytes > storage->nbytes()) {
+    device::growStorage(*storage, nbytes);
+    pending.noteResize(storage);
+  }
+  ipu.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(),
+                                                  meta.storage_offset());
+}
+
+ir::Arg makeArg(const c10::Argument& argument, const c10::IValue& value, ir::Node& node,
+                PendingGraph& pending) {
+  auto add_input = [&](const at::Tensor& t) {
+    node.inputs.push_back(pending.refOf(t));
+    return static_cast<int32_t>(node.inputs.size() - 1);
+  };
+  if (value.isTensor()) {
+    const at::Tensor& t = value.toTensor();
+    if (!t.defined()) return ir::Arg::constant(value);
+    // A host scalar is copied: the caller may change it before the graph runs.
+    return t.is_ipu() ? ir::Arg::tensor(add_input(t)) : ir::Arg::runtime(t.clone());
+  }
+  if (value.isTensorList() || (value.isList() && isOptionalTensorList(argument))) {
+    ir::Arg arg;
+    arg.kind = ir::ArgKind::kTensorList;
+    arg.optional_elements = !value.isTensorList();
+    for (const c10::IValue& element : value.toListRef()) {
+      arg.refs.push_back(element.isNone() ? -1 : add_input(element.toTensor()));
+    }
+    return arg;
+  }
+  if (!value.isNone() && isRuntimeNumber(argument)) return ir::Arg::runtime(value);
+  return ir::Arg::constant(value);
+}
+
+// The result for one return the schema says is fresh: new lazy ipu tensors
+// with the layout the Meta kernel inferred.
+c10::IValue freshResult(const c10::IValue& meta, int device, ir::Node& node,
+                        PendingGraph& pending) {
+  auto make = [&](const at::Tensor& m) -> at::Tensor {
+    if (!m.defined()) return m;
+    at::Tensor result = device::emptyIpuTensor(m.sizes(), m.strides(), m.scalar_type(), device,
+                                               m.storage_offset());
+    node.outputs.push_back(pending.refOfResult(result));
+    return result;
+  };
+  if (meta.isTensor()) return make(meta.toTensor());
+  if (meta.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& m : meta.toTensorList()) list.push_back(make(m));
+    return list;
+  }
+  return meta;  // a non-tensor return (int, float, bool...)
+}
+
+// The result for a return that is a view of an argument: an ipu tensor on the
+// argument's storage with the view's metadata.
+c10::IValue viewResult(const c10::IValue& meta, const MetaTwins& twins) {
+  auto make = [&](const at::Tensor& m) -> at::Tensor {
+    const c10::Storage* storage = twins.ipuStorageOf(m.storage().unsafeGetStorageImpl());
+    TORCH_INTERNAL_ASSERT(storage != nullptr, "a view result does not view an ipu argument");
+    return device::ipuView(*storage, m.sizes(), m.strides(), m.storage_offset(), m.scalar_type());
+  };
+  if (meta.isTensor()) return make(meta.toTensor());
+  c10::List<at::Tensor> list;
+  for (const at::Tensor& m : meta.toTensorList()) list.push_back(make(m));
+  return list;
+}
+
+const c10::IValue& mutatedArgument(const c10::FunctionSchema& schema, const c10::AliasInfo& alias,
+                                   c10::ArrayRef<c10::IValue> arguments) {
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const c10::AliasInfo* info = schema.arguments()[i].alias_info();
+    if (info && info->isWrite() && info->beforeSets() == alias.beforeSets()) return arguments[i];
+  }
+  TORCH_INTERNAL_ASSERT(false, "no argument matches the alias set of a mutated return of ",
+                        schema.name());
+}
+
+}  // namespace
+
+bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  std::optional<c10::Device> device = commonDevice(op, torch::jit::last(*stack, num_args));
+  if (!device) device = factoryDevice(torch::jit::last(*stack, num_args));
+  uploadIndexLists(op, stack, device->index());
+  const c10::ArrayRef<c10::IValue> arguments = torch::jit::last(*stack, num_args);
+
+  MetaTwins twins;
+  torch::jit::Stack meta_args;
+  meta_args.reserve(num_args);
+  for (const c10::IValue& value : arguments) meta_args.push_back(twins.convert(value));
+  torch::jit::Stack meta_stack = meta_args;
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+  } catch (const c10::Error& error) {
+    POPTORCH_LOG(kTrace) << opName(op) << ": Meta inference failed: " << error.what_without_backtrace();
+    return false;
+  }
+
+  auto lock = PendingGraph::get().lock();
+  PendingGraph& pending = PendingGraph::get();
+  ir::Node node(op);
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+    if (!alias || !alias->isWrite()) continue;
+    std::vector<at::Tensor> ipu_tensors;
+    forEachTensor(arguments[i], [&](const at::Tensor& t) { ipu_tensors.push_back(t); });
+    size_t next = 0;
+    forEachTensor(meta_args[i], [&](const at::Tensor& meta) {
+      const at::Tensor& ipu = ipu_tensors[next++];
+      if (!ipu.defined()) return;
+      mirrorLayout(ipu, meta, pending);
+      node.writes.push_back(pending.refOf(ipu).buffer);
+    });
+  }
+  for (size_t i = 0; i < num_args; ++i) {
+    node.args.push_back(makeArg(schema.arguments()[i], arguments[i], node, pending));
+  }
+
+  std::vector<c10::IValue> results;
+  results.reserve(meta_stack.size());
+  bool only_views = !meta_stack.empty() && node.writes.empty();
+  for (size_t r = 0; r < meta_stack.size(); ++r) {
+    const c10::AliasInfo* alias = schema.returns()[r].alias_info();
+    if (alias && alias->isWrite()) {
+      results.push_back(mutatedArgument(schema, *alias, arguments));
+      node.fresh_returns.push_back(false);
+    } else if (alias) {
+      results.push_back(viewResult(meta_stack[r], twins));
+      node.fresh_returns.push_back(false);
+    } else {
+      results.push_back(freshResult(meta_stack[r], device->index(), node, pending));
+      node.fresh_returns.push_back(true);
+      only_views = false;
+    }
+  }
+  // A pure view op changes metadata only: no node, no data movement.
+  if (!only_views) pending.append(std::move(node));
+
+  torch::jit::drop(*stack, num_args);
+  for (c10::IValue& result : results) stack->push_back(std::move(result));
+  return true;
+}
+
+void hostFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* reason) {
+  const std::string name = opName(op);
+  if (Metrics::get().hostFallback(name)) {
+    POPTORCH_LOG(kWarn) << name << " runs on the host (" << reason
+                        << "): the pending graph is run first. Counted in "
+                           "poptorch.metrics()['fallback_ops']; logged once per op.";
+  }
+  // PyTorch's own host fallback: it copies ipu arguments to the CPU (a sync
+  // point), runs the CPU kernel, and copies results and mutated arguments back.
+  at::native::cpu_fallback(op, stack);
+}
+
+void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  TORCH_CHECK_NOT_IMPLEMENTED(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU),
+                              opName(op), " has no host kernel, so the emulated IPU cannot run "
+                              "it; it is not supported on ipu tensors.");
+  if (op.hasTag(at::Tag::dynamic_output_shape)) {
+    hostFallback(op, stack, "its output shape depends on the data");
+    return;
+  }
+  if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
+    hostFallback(op, stack, "it has no Meta kernel to infer its output shape");
+    return;
+  }
+  if (!captureOp(op, stack)) {
+    hostFallback(op, stack, "its Meta kernel could not infer its outputs");
+  }
+}
+
+void synchronize() {
+  auto lock = PendingGraph::get().lock();
+  PendingGraph::get().flush();
+}
+
+}  // namespace poptorch::capture

@@ -1,0 +1,220 @@
+// Explicit ipu kernels for the operators a backend must provide itself
+// (factories, views, resizing, copies across devices, reading a value), and
+// the registration of the IPU dispatch keys.
+#include <ATen/EmptyTensor.h>
+#include <ATen/InferSize.h>
+#include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
+#include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/copy_native.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <c10/core/MemoryFormat.h>
+#include <c10/util/strides.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/library.h>
+
+#include "capture/capture.h"
+#include "capture/pending_graph.h"
+#include "common/metrics.h"
+#include "device/ipu_device.h"
+#include "device/ipu_tensor.h"
+#include "runtime/executor.h"
+
+namespace poptorch::capture {
+namespace {
+
+int deviceIndexOf(std::optional<c10::Device> device) {
+  if (!device || !device->has_index()) return device::currentIndex();
+  TORCH_CHECK(device->is_ipu(), "expected an ipu device, got ", *device);
+  device::checkIndex(device->index());
+  return device->index();
+}
+
+c10::ScalarType dtypeOf(std::optional<c10::ScalarType> dtype) {
+  return dtype.value_or(c10::get_default_dtype_as_scalartype());
+}
+
+void checkStrided(std::optional<c10::Layout> layout) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!layout || *layout == c10::kStrided,
+                              "ipu tensors are strided; layout ", *layout, " is not supported");
+}
+
+c10::DimVector stridesFor(c10::IntArrayRef sizes, c10::MemoryFormat format) {
+  std::vector<int64_t> strides;
+  switch (format) {
+    case c10::MemoryFormat::ChannelsLast:
+      strides = c10::get_channels_last_strides_2d(sizes);
+      break;
+    case c10::MemoryFormat::ChannelsLast3d:
+      strides = c10::get_channels_last_strides_3d(sizes);
+      break;
+    default:
+      return c10::contiguous_strides(sizes);
+  }
+  return c10::DimVector(strides.begin(), strides.end());
+}
+
+at::Tensor empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                 std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                 std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
+  checkStrided(layout);
+  at::detail::check_size_nonnegative(size);
+  const auto format = memory_format.value_or(c10::MemoryFormat::Contiguous);
+  return device::emptyIpuTensor(size, stridesFor(size, format), dtypeOf(dtype),
+                                deviceIndexOf(device));
+}
+
+at::Tensor emptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                        std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                        std::optional<c10::Device> device, std::optional<bool>) {
+  checkStrided(layout);
+  at::detail::check_size_nonnegative(size);
+  return device::emptyIpuTensor(size, stride, dtypeOf(dtype), deviceIndexOf(device));
+}
+
+// Grows `self`'s storage to hold `sizes` x `strides` at its offset.
+void ensureCapacity(const at::Tensor& self, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  c10::StorageImpl* storage = self.storage().unsafeGetStorageImpl();
+  const size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, self.itemsize(),
+                                                         self.storage_offset());
+  if (nbytes <= storage->nbytes()) return;
+  auto lock = PendingGraph::get().lock();
+  device::growStorage(*storage, nbytes);
+  PendingGraph::get().noteResize(storage);
+}
+
+const at::Tensor& resizeIpu(const at::Tensor& self, c10::IntArrayRef size,
+                         std::optional<c10::MemoryFormat> memory_format) {
+  at::detail::check_size_nonnegative(size);
+  const auto strides = stridesFor(size, memory_format.value_or(c10::MemoryFormat::Contiguous));
+  ensureCapacity(self, size, strides);
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(size, strides);
+  return self;
+}
+
+at::Tensor& setStorage(at::Tensor& self, c10::Storage source, int64_t offset,
+                       c10::IntArrayRef size, c10::IntArrayRef stride) {
+  TORCH_CHECK(source.device().is_ipu(), "set_: expected an ipu storage, got one on ",
+              source.device());
+  at::native::checkSetStorage(self, source, offset, size, stride);
+  self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride, offset);
+  return self;
+}
+
+at::Tensor& setStorageWhole(at::Tensor& self, c10::Storage source) {
+  const int64_t numel = static_cast<int64_t>(source.nbytes() / self.itemsize());
+  return setStorage(self, std::move(source), 0, {numel}, {1});
+}
+
+at::Tensor& setTensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.is_same(source)) return self;
+  return setStorage(self, source.storage(), source.storage_offset(), source.sizes(),
+                    source.strides());
+}
+
+at::Tensor& setEmpty(at::Tensor& self) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0,
+                       device::allocateLazy(0, self.device().index()), device::allocator(),
+                       /*resizable=*/true);
+  return setStorage(self, std::move(storage), 0, {0}, {1});
+}
+
+const c10::OperatorHandle& copyOp() {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+  return op;
+}
+
+// Records dst.copy_(src) for two ipu tensors.
+void captureCopy(const at::Tensor& dst, const at::Tensor& src) {
+  torch::jit::Stack stack{dst, src, false};
+  const bool captured = captureOp(copyOp(), &stack);
+  TORCH_INTERNAL_ASSERT(captured, "copy_ between ipu tensors could not be captured");
+}
+
+void upload(const at::Tensor& cpu_src, const at::Tensor& ipu_dst) {
+  {
+    auto lock = PendingGraph::get().lock();
+    c10::StorageImpl* storage = ipu_dst.storage().unsafeGetStorageImpl();
+    // Nothing pending touches the destination: write it now.
+    if (!PendingGraph::get().references(storage)) {
+      device::materialize(*storage);
+      runtime::hostAlias(ipu_dst).copy_(cpu_src);
+      Metrics::get().bytesToIpu(static_cast<int64_t>(cpu_src.nbytes()));
+      return;
+    }
+  }
+  // Otherwise the copy takes its place in the graph, from a snapshot of the
+  // host data (the caller may change it before the graph runs).
+  captureCopy(ipu_dst, device::uploadToIpu(cpu_src, ipu_dst.device().index()));
+}
+
+void download(const at::Tensor& ipu_src, const at::Tensor& cpu_dst) {
+  auto lock = PendingGraph::get().lock();
+  PendingGraph::get().flush();
+  device::materialize(*ipu_src.storage().unsafeGetStorageImpl());
+  cpu_dst.copy_(runtime::hostAlias(ipu_src));
+  Metrics::get().bytesFromIpu(static_cast<int64_t>(ipu_src.nbytes()));
+}
+
+at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool) {
+  if (self.is_ipu() && dst.is_ipu()) {
+    captureCopy(dst, self);
+  } else if (dst.is_ipu()) {
+    TORCH_CHECK(self.is_cpu(), "cannot copy from ", self.device(), " to ", dst.device());
+    upload(self, dst);
+  } else {
+    TORCH_CHECK(dst.is_cpu(), "cannot copy from ", self.device(), " to ", dst.device());
+    download(self, dst);
+  }
+  return dst;
+}
+
+at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
+  if (!dst.sizes().equals(self.sizes())) resizeIpu(dst, self.sizes(), std::nullopt);
+  return copyFrom(self, dst, false);
+}
+
+c10::Scalar localScalarDense(const at::Tensor& self) {
+  auto lock = PendingGraph::get().lock();
+  PendingGraph::get().flush();
+  device::materialize(*self.storage().unsafeGetStorageImpl());
+  Metrics::get().bytesFromIpu(static_cast<int64_t>(self.itemsize()));
+  return at::_local_scalar_dense(runtime::hostAlias(self));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, IPU, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty));
+  m.impl("empty_strided", TORCH_FN(emptyStrided));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("resize_", TORCH_FN(resizeIpu));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(setStorage));
+  m.impl("set_.source_Storage", TORCH_FN(setStorageWhole));
+  m.impl("set_.source_Tensor", TORCH_FN(setTensor));
+  m.impl("set_", TORCH_FN(setEmpty));
+  m.impl("_copy_from", TORCH_FN(copyFrom));
+  m.impl("_copy_from_and_resize", TORCH_FN(copyFromAndResize));
+  m.impl("_local_scalar_dense", TORCH_FN(localScalarDense));
+}
+
+TORCH_LIBRARY_IMPL(_, IPU, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&ipuFallback>());
+}
+
+// Core registers no autograd fallback for AutogradIPU: operators without an
+// autograd formula (custom ops) must still run, and say so if differentiated.
+TORCH_LIBRARY_IMPL(_, AutogradIPU, m) {
+  m.fallback(torch::autograd::basicAutogradNotImplementedFallback());
+}
+
+// Autocast on ipu changes nothing unless a policy asks for it.
+TORCH_LIBRARY_IMPL(_, AutocastIPU, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+}  // namespace poptorch::capture

@@ -1,0 +1,154 @@
+#include "capture/pending_graph.h"
+
+#include <chrono>
+#include <cstdlib>
+
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "compiler/executable.h"
+#include "device/ipu_device.h"
+#include "ir/hash.h"
+#include "runtime/executor.h"
+
+namespace poptorch::capture {
+namespace {
+
+size_t maxNodesFromEnvironment() {
+  const char* value = std::getenv("POPTORCH_MAX_GRAPH_NODES");
+  const long long parsed = value ? std::atoll(value) : 0;
+  return parsed > 0 ? static_cast<size_t>(parsed) : 20000;
+}
+
+double secondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Temporaries must fit beside what the IPU already holds, as on hardware.
+void checkFits(const compiler::Executable& exe) {
+  for (size_t d = 0; d < exe.peak_temporary_bytes.size(); ++d) {
+    const int index = static_cast<int>(d);
+    const int64_t needed = exe.peak_temporary_bytes[d];
+    if (needed == 0) continue;
+    const int64_t free = device::memoryCapacity(index) - device::memoryAllocated(index);
+    TORCH_CHECK_WITH(OutOfMemoryError, needed <= free, "IPU out of memory: the graph needs ",
+                     needed >> 20, " MiB of temporaries on ipu:", index, " but only ",
+                     free >> 20, " MiB are free. Synchronise more often (smaller graphs), "
+                     "use a smaller batch, or raise POPTORCH_IPU_MEMORY_MB.");
+  }
+}
+
+}  // namespace
+
+ir::TensorRef refFromTensor(const at::Tensor& tensor, ir::BufferId buffer) {
+  ir::TensorRef ref;
+  ref.buffer = buffer;
+  ref.dtype = tensor.scalar_type();
+  ref.offset = tensor.storage_offset();
+  ref.sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
+  ref.strides.assign(tensor.strides().begin(), tensor.strides().end());
+  return ref;
+}
+
+PendingGraph& PendingGraph::get() {
+  static PendingGraph pending;
+  return pending;
+}
+
+PendingGraph::PendingGraph() : max_nodes_(maxNodesFromEnvironment()) {}
+
+ir::BufferId PendingGraph::addBuffer(const at::Tensor& tensor, bool existed_before) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  ir::BufferInfo info;
+  info.nbytes = static_cast<int64_t>(storage->nbytes());
+  info.device = tensor.device();
+  info.existed_before = existed_before;
+  const ir::BufferId id = graph_.addBuffer(info);
+  Entry entry;
+  if (existed_before) {
+    entry.strong = tensor.storage();
+  } else {
+    entry.weak = tensor.storage().getWeakStorageImpl();
+  }
+  entries_.push_back(std::move(entry));
+  ids_.emplace(storage, id);
+  return id;
+}
+
+ir::TensorRef PendingGraph::refOf(const at::Tensor& tensor) {
+  const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  auto it = ids_.find(storage);
+  // A storage with no bytes yet (an uninitialised factory result) holds no
+  // value the graph depends on.
+  const ir::BufferId id = it != ids_.end() ? it->second
+                                           : addBuffer(tensor, device::isMaterialized(*storage));
+  return refFromTensor(tensor, id);
+}
+
+ir::TensorRef PendingGraph::refOfResult(const at::Tensor& tensor) {
+  return refFromTensor(tensor, addBuffer(tensor, /*existed_before=*/false));
+}
+
+void PendingGraph::noteResize(const c10::StorageImpl* storage) {
+  auto it = ids_.find(storage);
+  if (it != ids_.end()) graph_.buffers[it->second].nbytes = static_cast<int64_t>(storage->nbytes());
+}
+
+void PendingGraph::append(ir::Node node) {
+  node.source_index = static_cast<int32_t>(graph_.nodes.size());
+  graph_.nodes.push_back(std::move(node));
+  Metrics::get().opCaptured();
+  if (graph_.nodes.size() >= max_nodes_) {
+    POPTORCH_LOG(kDebug) << "running the pending graph: it reached " << max_nodes_ << " nodes";
+    flush();
+  }
+}
+
+void PendingGraph::flush() {
+  // Take the state first, so that an error below leaves an empty graph behind.
+  ir::Graph graph = std::move(graph_);
+  std::vector<Entry> entries = std::move(entries_);
+  graph_ = ir::Graph();
+  entries_.clear();
+  ids_.clear();
+  if (graph.nodes.empty()) return;
+
+  std::vector<c10::Storage> keep_alive(entries.size());
+  std::vector<c10::StorageImpl*> storages(entries.size(), nullptr);
+  for (size_t b = 0; b < entries.size(); ++b) {
+    Entry& entry = entries[b];
+    ir::BufferInfo& info = graph.buffers[b];
+    if (entry.strong) {
+      info.live_after = entry.strong.use_count() > 1;
+      keep_alive[b] = std::move(entry.strong);
+    } else if (auto locked = entry.weak->lock()) {
+      info.live_after = true;
+      keep_alive[b] = c10::Storage(std::move(locked));
+    }
+    if (info.existed_before || info.live_after) {
+      c10::StorageImpl* storage = keep_alive[b].unsafeGetStorageImpl();
+      device::materialize(*storage);
+      info.nbytes = static_cast<int64_t>(storage->nbytes());
+      storages[b] = storage;
+    }
+  }
+
+  const uint64_t key = ir::structuralHash(graph);
+  auto& cache = compiler::ExecutableCache::get();
+  std::shared_ptr<const compiler::Executable> exe = cache.find(key);
+  if (exe) {
+    Metrics::get().cacheHit();
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    POPTORCH_LOG(kDebug) << "compiling a graph of " << graph.nodes.size()
+                         << " nodes: no executable with its structure is cached";
+    exe = compiler::compile(graph, key);
+    cache.insert(exe);
+    Metrics::get().graphCompiled(secondsSince(start));
+  }
+  checkFits(*exe);
+  const auto start = std::chrono::steady_clock::now();
+  runtime::execute(*exe, graph, storages);
+  Metrics::get().executed(secondsSince(start));
+}
+
+}  // namespace poptorch::capture

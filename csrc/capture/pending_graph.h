@@ -1,0 +1,62 @@
+// The ops captured since the last sync point, over the ipu storages they touch.
+// One per process, like a device queue: any thread may capture, so every
+// method expects the caller to hold lock().
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <absl/container/flat_hash_map.h>
+
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace poptorch::capture {
+
+class PendingGraph {
+ public:
+  static PendingGraph& get();
+  std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
+
+  // The view `tensor` (an ipu tensor) is of its buffer; registers the buffer
+  // the first time its storage is seen.
+  ir::TensorRef refOf(const at::Tensor& tensor);
+  // Registers the storage of a tensor that a node of this graph creates.
+  ir::TensorRef refOfResult(const at::Tensor& tensor);
+  bool references(const c10::StorageImpl* storage) const { return ids_.contains(storage); }
+  // Records that a registered storage grew (out= arguments, resize_).
+  void noteResize(const c10::StorageImpl* storage);
+
+  // Appends a node; runs the graph when it grows past POPTORCH_MAX_GRAPH_NODES.
+  void append(ir::Node node);
+
+  // The sync point: compiles (or finds in the cache) and runs every pending
+  // node, leaving each live ipu storage materialised and up to date.
+  void flush();
+
+  size_t size() const { return graph_.nodes.size(); }
+  std::string toString() const { return graph_.toString(); }
+
+ private:
+  PendingGraph();
+
+  // Strong references keep inputs' bytes alive until the graph runs; weak ones
+  // let the graph see which of its own results nobody holds any more.
+  struct Entry {
+    c10::Storage strong;
+    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> weak;
+  };
+  ir::BufferId addBuffer(const at::Tensor& tensor, bool existed_before);
+
+  std::mutex mutex_;
+  ir::Graph graph_;
+  absl::flat_hash_map<const c10::StorageImpl*, ir::BufferId> ids_;
+  std::vector<Entry> entries_;
+  size_t max_nodes_;
+};
+
+ir::TensorRef refFromTensor(const at::Tensor& tensor, ir::BufferId buffer);
+
+}  // namespace poptorch::capture

@@ -1,0 +1,56 @@
+#include "common/metrics.h"
+
+namespace poptorch {
+
+Metrics& Metrics::get() {
+  static Metrics metrics;
+  return metrics;
+}
+
+void Metrics::graphCompiled(double seconds) {
+  graphs_compiled_.fetch_add(1, std::memory_order_relaxed);
+  compile_seconds_.fetch_add(seconds, std::memory_order_relaxed);
+}
+
+void Metrics::executed(double seconds) {
+  executions_.fetch_add(1, std::memory_order_relaxed);
+  execute_seconds_.fetch_add(seconds, std::memory_order_relaxed);
+}
+
+bool Metrics::hostFallback(const std::string& op) {
+  host_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(fallback_mutex_);
+  return ++fallback_ops_[op] == 1;
+}
+
+MetricsSnapshot Metrics::snapshot() const {
+  MetricsSnapshot s;
+  s.ops_captured = ops_captured_.load();
+  s.graphs_compiled = graphs_compiled_.load();
+  s.cache_hits = cache_hits_.load();
+  s.executions = executions_.load();
+  s.host_fallbacks = host_fallbacks_.load();
+  s.bytes_to_ipu = bytes_to_ipu_.load();
+  s.bytes_from_ipu = bytes_from_ipu_.load();
+  s.compile_seconds = compile_seconds_.load();
+  s.execute_seconds = execute_seconds_.load();
+  std::lock_guard<std::mutex> lock(fallback_mutex_);
+  s.fallback_ops = fallback_ops_;
+  return s;
+}
+
+void Metrics::reset() {
+  ops_captured_ = 0;
+  graphs_compiled_ = 0;
+  cache_hits_ = 0;
+  executions_ = 0;
+  host_fallbacks_ = 0;
+  bytes_to_ipu_ = 0;
+  bytes_from_ipu_ = 0;
+  compile_seconds_ = 0;
+  execute_seconds_ = 0;
+  std::lock_guard<std::mutex> lock(fallback_mutex_);
+  fallback_ops_.clear();
+}
+
+}  // namespace poptorch

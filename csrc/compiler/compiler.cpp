@@ -1,0 +1,107 @@
+#include <algorithm>
+
+#include "common/logging.h"
+#include "compiler/executable.h"
+#include "passes/passes.h"
+
+namespace poptorch::compiler {
+namespace {
+
+std::vector<BufferRole> assignRoles(const ir::Graph& program) {
+  std::vector<BufferRole> roles(program.buffers.size(), BufferRole::kUnused);
+  std::vector<bool> produced(program.buffers.size(), false);
+  for (const ir::Node& node : program.nodes) {
+    for (const ir::TensorRef& out : node.outputs) produced[out.buffer] = true;
+    auto touch = [&](ir::BufferId b) {
+      const ir::BufferInfo& info = program.buffers[b];
+      if (info.existed_before || info.live_after) {
+        roles[b] = BufferRole::kExternal;
+      } else if (roles[b] == BufferRole::kUnused) {
+        roles[b] = produced[b] ? BufferRole::kProduced : BufferRole::kScratch;
+      }
+    };
+    // Inputs first: a buffer read before any node produced it is scratch.
+    for (const ir::TensorRef& in : node.inputs) touch(in.buffer);
+    for (ir::BufferId w : node.writes) touch(w);
+    for (const ir::TensorRef& out : node.outputs) touch(out.buffer);
+  }
+  return roles;
+}
+
+}  // namespace
+
+std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key) {
+  auto exe = std::make_shared<Executable>();
+  exe->key = key;
+  exe->program = passes::eliminateCommonSubexpressions(passes::eliminateDeadCode(graph));
+  exe->roles = assignRoles(exe->program);
+
+  // Free each temporary after its last use, and model the peak they need.
+  const ir::Graph& program = exe->program;
+  std::vector<int32_t> last_use(program.buffers.size(), -1);
+  for (size_t i = 0; i < program.nodes.size(); ++i) {
+    const ir::Node& node = program.nodes[i];
+    for (const ir::TensorRef& in : node.inputs) last_use[in.buffer] = static_cast<int32_t>(i);
+    for (const ir::TensorRef& out : node.outputs) last_use[out.buffer] = static_cast<int32_t>(i);
+  }
+  exe->release_after.resize(program.nodes.size());
+  for (size_t b = 0; b < program.buffers.size(); ++b) {
+    const BufferRole role = exe->roles[b];
+    if ((role == BufferRole::kProduced || role == BufferRole::kScratch) && last_use[b] >= 0) {
+      exe->release_after[last_use[b]].push_back(static_cast<ir::BufferId>(b));
+    }
+  }
+  std::vector<int64_t> current;
+  std::vector<bool> counted(program.buffers.size(), false);
+  auto account = [&](ir::BufferId b, int64_t sign) {
+    const size_t device = static_cast<size_t>(std::max<int>(0, program.buffers[b].device.index()));
+    if (current.size() <= device) current.resize(device + 1, 0);
+    if (exe->peak_temporary_bytes.size() <= device) exe->peak_temporary_bytes.resize(device + 1, 0);
+    current[device] += sign * program.buffers[b].nbytes;
+    exe->peak_temporary_bytes[device] = std::max(exe->peak_temporary_bytes[device], current[device]);
+  };
+  for (size_t i = 0; i < program.nodes.size(); ++i) {
+    const ir::Node& node = program.nodes[i];
+    auto first_use = [&](ir::BufferId b) {
+      if (exe->roles[b] == BufferRole::kExternal || counted[b]) return;
+      counted[b] = true;
+      account(b, +1);
+    };
+    for (const ir::TensorRef& in : node.inputs) first_use(in.buffer);
+    for (const ir::TensorRef& out : node.outputs) first_use(out.buffer);
+    for (ir::BufferId b : exe->release_after[i]) account(b, -1);
+  }
+  POPTORCH_LOG(kDebug) << "compiled graph " << std::hex << key << std::dec << ": "
+                       << graph.nodes.size() << " nodes captured, " << program.nodes.size()
+                       << " after optimisation";
+  POPTORCH_LOG(kTrace) << "optimised program:\n" << program.toString();
+  return exe;
+}
+
+ExecutableCache& ExecutableCache::get() {
+  static ExecutableCache cache;
+  return cache;
+}
+
+std::shared_ptr<const Executable> ExecutableCache::find(uint64_t key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = executables_.find(key);
+  return it == executables_.end() ? nullptr : it->second;
+}
+
+void ExecutableCache::insert(std::shared_ptr<const Executable> executable) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  executables_[executable->key] = std::move(executable);
+}
+
+void ExecutableCache::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  executables_.clear();
+}
+
+size_t ExecutableCache::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return executables_.size();
+}
+
+}  // namespace poptorch::compiler

@@ -1,0 +1,50 @@
+// What the compiler produces: an optimised program plus the plan the runtime
+// follows to run it (where each buffer lives, and when temporaries are freed).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace poptorch::compiler {
+
+enum class BufferRole : uint8_t {
+  kUnused,    // no node of the optimised program touches it
+  kExternal,  // lives in an ipu storage: read before, or kept after, the run
+  kProduced,  // a temporary made by the node that first writes it
+  kScratch,   // a temporary with no producing node (an uninitialised factory)
+};
+
+struct Executable {
+  uint64_t key = 0;
+  ir::Graph program;
+  std::vector<BufferRole> roles;
+  // release_after[i]: temporaries whose last use is node i of `program`.
+  std::vector<std::vector<ir::BufferId>> release_after;
+  // Modelled peak of temporary memory, per ipu device index.
+  std::vector<int64_t> peak_temporary_bytes;
+};
+
+// Optimises `graph` and plans it. `key` is its structural hash.
+std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key);
+
+// Executables by structural hash, for the lifetime of the process.
+class ExecutableCache {
+ public:
+  static ExecutableCache& get();
+  std::shared_ptr<const Executable> find(uint64_t key) const;
+  void insert(std::shared_ptr<const Executable> executable);
+  void clear();
+  size_t size() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<uint64_t, std::shared_ptr<const Executable>> executables_;
+};
+
+}  // namespace poptorch::compiler

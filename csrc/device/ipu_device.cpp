@@ -1,0 +1,208 @@
+#include "device/ipu_device.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace poptorch::device {
+namespace {
+
+constexpr int kMaxIpus = 64;
+constexpr int64_t kMiB = 1024 * 1024;
+
+int64_t envInt(const char* name, int64_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  char* end = nullptr;
+  const long long parsed = std::strtoll(value, &end, 10);
+  TORCH_CHECK_VALUE(end != value && *end == '\0' && parsed > 0, name,
+                    " must be a positive integer, got '", value, "'");
+  return parsed;
+}
+
+// The machine's shape and its memory accounting. Counters are atomics because
+// tensors are created and freed on any thread.
+struct Machine {
+  std::atomic<int> num_ipus{static_cast<int>(
+      std::min<int64_t>(envInt("POPTORCH_NUM_IPUS", 4), kMaxIpus))};
+  std::atomic<int64_t> capacity{envInt("POPTORCH_IPU_MEMORY_MB", 900) * kMiB};
+  std::array<std::atomic<int64_t>, kMaxIpus> allocated{};
+  std::array<std::atomic<int64_t>, kMaxIpus> peak{};
+};
+
+Machine& machine() {
+  static Machine m;
+  return m;
+}
+
+thread_local int current_index = 0;
+
+// Owner of one storage's bytes: its reservation on an IPU, and host memory
+// once materialised. A DataPtr's context.
+struct Block {
+  int index;
+  size_t nbytes;
+  void* data = nullptr;
+};
+
+void reserve(int index, size_t nbytes) {
+  Machine& m = machine();
+  const int64_t now = m.allocated[index].fetch_add(static_cast<int64_t>(nbytes)) +
+                      static_cast<int64_t>(nbytes);
+  if (now > m.capacity.load()) {
+    m.allocated[index].fetch_sub(static_cast<int64_t>(nbytes));
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "IPU out of memory. Tried to allocate ",
+                     nbytes / kMiB, " MiB (", nbytes, " bytes) on ipu:", index,
+                     ", which has ", m.capacity.load() / kMiB, " MiB in total and ",
+                     (now - static_cast<int64_t>(nbytes)) / kMiB,
+                     " MiB allocated. Free tensors you no longer need, use a smaller "
+                     "batch, spread the model over more IPUs, or raise "
+                     "POPTORCH_IPU_MEMORY_MB.");
+  }
+  int64_t peak = m.peak[index].load();
+  while (now > peak && !m.peak[index].compare_exchange_weak(peak, now)) {
+  }
+}
+
+void release(int index, size_t nbytes) {
+  machine().allocated[index].fetch_sub(static_cast<int64_t>(nbytes));
+}
+
+void deleteBlock(void* context) {
+  auto* block = static_cast<Block*>(context);
+  release(block->index, block->nbytes);
+  c10::free_cpu(block->data);
+  delete block;
+}
+
+Block* blockOf(const c10::StorageImpl& storage) {
+  const c10::DataPtr& data_ptr = storage.data_ptr();
+  if (data_ptr.get_deleter() != &deleteBlock) return nullptr;
+  return static_cast<Block*>(data_ptr.get_context());
+}
+
+// Replaces the storage's DataPtr with one that points at `block->data`,
+// handing ownership of the block from the old DataPtr to the new one.
+void rebind(c10::StorageImpl& storage, Block* block) {
+  c10::DataPtr& old = storage._mutable_data_ptr_no_checks();
+  const c10::Device device = old.device();
+  old.release_context();
+  storage.set_data_ptr_noswap(c10::DataPtr(block->data, block, &deleteBlock, device));
+}
+
+class IpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    return allocateLazy(nbytes, current_index);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+IpuAllocator ipu_allocator;
+
+}  // namespace
+
+int deviceCount() { return machine().num_ipus.load(); }
+
+int64_t memoryCapacity(int index) {
+  checkIndex(index);
+  return machine().capacity.load();
+}
+
+int64_t memoryAllocated(int index) {
+  checkIndex(index);
+  return machine().allocated[index].load();
+}
+
+int64_t maxMemoryAllocated(int index) {
+  checkIndex(index);
+  return machine().peak[index].load();
+}
+
+void resetPeakMemoryAllocated(int index) {
+  checkIndex(index);
+  machine().peak[index] = machine().allocated[index].load();
+}
+
+void configure(int num_ipus, int64_t memory_per_ipu_bytes) {
+  TORCH_CHECK_VALUE(num_ipus >= 1 && num_ipus <= kMaxIpus,
+                    "the number of IPUs must be between 1 and ", kMaxIpus, ", got ",
+                    num_ipus);
+  TORCH_CHECK_VALUE(memory_per_ipu_bytes > 0, "IPU memory must be positive, got ",
+                    memory_per_ipu_bytes);
+  Machine& m = machine();
+  for (int i = 0; i < kMaxIpus; ++i) {
+    TORCH_CHECK(m.allocated[i].load() == 0,
+                "cannot reconfigure the IPUs while ipu:", i,
+                " holds tensors; configure before creating any ipu tensor");
+  }
+  m.num_ipus = num_ipus;
+  m.capacity = memory_per_ipu_bytes;
+}
+
+void checkIndex(int index) {
+  TORCH_CHECK_INDEX(index >= 0 && index < deviceCount(), "ipu:", index,
+                    " is not a device: this machine has ", deviceCount(),
+                    " IPUs (ipu:0 to ipu:", deviceCount() - 1,
+                    "). Set POPTORCH_NUM_IPUS for more.");
+}
+
+c10::Device ipu(int index) {
+  return c10::Device(c10::DeviceType::IPU, static_cast<c10::DeviceIndex>(index));
+}
+
+int currentIndex() { return current_index; }
+
+void setCurrentIndex(int index) {
+  checkIndex(index);
+  current_index = index;
+}
+
+c10::Allocator* allocator() { return &ipu_allocator; }
+
+c10::DataPtr allocateLazy(size_t nbytes, int index) {
+  checkIndex(index);
+  reserve(index, nbytes);
+  auto* block = new Block{index, nbytes};
+  return c10::DataPtr(nullptr, block, &deleteBlock, ipu(index));
+}
+
+bool isMaterialized(const c10::StorageImpl& storage) {
+  const Block* block = blockOf(storage);
+  return block == nullptr || block->data != nullptr || block->nbytes == 0;
+}
+
+void materialize(c10::StorageImpl& storage) {
+  Block* block = blockOf(storage);
+  if (block == nullptr || block->data != nullptr || block->nbytes == 0) return;
+  block->data = c10::alloc_cpu(block->nbytes);
+  rebind(storage, block);
+}
+
+void growStorage(c10::StorageImpl& storage, size_t nbytes) {
+  Block* block = blockOf(storage);
+  TORCH_INTERNAL_ASSERT(block != nullptr, "storage was not allocated by the ipu allocator");
+  if (nbytes <= block->nbytes) return;
+  reserve(block->index, nbytes - block->nbytes);
+  if (block->data != nullptr) {
+    void* data = c10::alloc_cpu(nbytes);
+    std::memcpy(data, block->data, block->nbytes);
+    c10::free_cpu(block->data);
+    block->data = data;
+  }
+  block->nbytes = nbytes;
+  rebind(storage, block);
+  storage.set_nbytes(nbytes);
+}
+
+}  // namespace poptorch::device

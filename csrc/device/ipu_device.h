@@ -1,0 +1,44 @@
+// The emulated IPU machine: N virtual IPUs ("ipu:0" ... "ipu:N-1"), each with
+// a fixed amount of memory, as on a real IPU-POD. Tensor bytes live in host
+// memory; every byte is accounted against the IPU that owns it.
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+#include <c10/core/StorageImpl.h>
+
+#include <cstdint>
+
+namespace poptorch::device {
+
+// Defaults look like a small IPU-POD: 4 IPUs of 900 MB. POPTORCH_NUM_IPUS and
+// POPTORCH_IPU_MEMORY_MB override them; configure() changes them at run time.
+int deviceCount();
+int64_t memoryCapacity(int index);
+int64_t memoryAllocated(int index);
+int64_t maxMemoryAllocated(int index);
+void resetPeakMemoryAllocated(int index);
+// Throws if any ipu memory is allocated: the machine cannot change under live tensors.
+void configure(int num_ipus, int64_t memory_per_ipu_bytes);
+
+// Throws an IndexError naming the valid range when `index` is not a device.
+void checkIndex(int index);
+c10::Device ipu(int index);
+
+// Current device of this thread (as torch.cuda.current_device()).
+int currentIndex();
+void setCurrentIndex(int index);
+
+// The allocator registered for DeviceType::IPU. Its DataPtrs are *lazy*: the
+// bytes are reserved on the IPU at once (an out-of-memory error surfaces at the
+// line that asked) but host memory is only attached by materialize().
+c10::Allocator* allocator();
+c10::DataPtr allocateLazy(size_t nbytes, int index);
+
+bool isMaterialized(const c10::StorageImpl& storage);
+// Attaches host memory to a lazy storage (no-op when it already has some).
+void materialize(c10::StorageImpl& storage);
+// Grows a storage to `nbytes`, keeping its content.
+void growStorage(c10::StorageImpl& storage, size_t nbytes);
+
+}  // namespace poptorch::device

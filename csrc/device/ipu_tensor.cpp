@@ -1,0 +1,50 @@
+#include "device/ipu_tensor.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/TensorImpl.h>
+
+#include <cstring>
+
+#include "common/metrics.h"
+#include "device/ipu_device.h"
+
+namespace poptorch::device {
+
+void checkSupportedDtype(c10::ScalarType dtype) {
+  TORCH_CHECK_TYPE(dtype != c10::ScalarType::Double && dtype != c10::ScalarType::ComplexDouble,
+                   "ipu tensors cannot hold ", c10::toString(dtype),
+                   ": IPUs have no 64-bit floating point. Use float32 (tensor.float(), "
+                   "model.float()) or complex64 before moving to the ipu.");
+}
+
+at::Tensor emptyIpuTensor(c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                          c10::ScalarType dtype, int index, int64_t storage_offset) {
+  checkSupportedDtype(dtype);
+  const size_t itemsize = c10::elementSize(dtype);
+  const size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, itemsize, storage_offset);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocateLazy(nbytes, index),
+                       allocator(), /*resizable=*/true);
+  return ipuView(storage, sizes, strides, storage_offset, dtype);
+}
+
+at::Tensor ipuView(const c10::Storage& storage, c10::IntArrayRef sizes,
+                   c10::IntArrayRef strides, int64_t storage_offset, c10::ScalarType dtype) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::IPU),
+      c10::scalarTypeToTypeMeta(dtype));
+  impl->set_sizes_and_strides(sizes, strides, storage_offset);
+  return at::Tensor(std::move(impl));
+}
+
+at::Tensor uploadToIpu(const at::Tensor& host, int index) {
+  const at::Tensor source = host.contiguous();
+  at::Tensor result = emptyIpuTensor(source.sizes(), source.strides(), source.scalar_type(), index);
+  c10::StorageImpl* storage = result.storage().unsafeGetStorageImpl();
+  materialize(*storage);
+  const size_t nbytes = source.nbytes();
+  if (nbytes > 0) std::memcpy(storage->mutable_data(), source.const_data_ptr(), nbytes);
+  Metrics::get().bytesToIpu(static_cast<int64_t>(nbytes));
+  return result;
+}
+
+}  // namespace poptorch::device

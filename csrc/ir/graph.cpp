@@ -1,0 +1,86 @@
+#include "ir/graph.h"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
+
+#include <sstream>
+
+namespace poptorch::ir {
+
+int64_t TensorRef::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+std::string Node::name() const {
+  const c10::OperatorName& n = op.operator_name();
+  return n.overload_name.empty() ? n.name : absl::StrCat(n.name, ".", n.overload_name);
+}
+
+bool Node::isNondeterministic() const {
+  return op.hasTag(at::Tag::nondeterministic_seeded);
+}
+
+BufferId Graph::addBuffer(BufferInfo info) {
+  buffers.push_back(info);
+  return static_cast<BufferId>(buffers.size() - 1);
+}
+
+namespace {
+
+std::string refToString(const TensorRef& ref) {
+  return absl::StrCat("%", ref.buffer, "<", c10::toString(ref.dtype), "[",
+                      absl::StrJoin(ref.sizes, ","), "]",
+                      ref.offset != 0 ? absl::StrCat("+", ref.offset) : "", ">");
+}
+
+std::string argToString(const Arg& arg, const Node& node) {
+  switch (arg.kind) {
+    case ArgKind::kTensor:
+      return refToString(node.inputs[arg.refs[0]]);
+    case ArgKind::kTensorList: {
+      std::vector<std::string> parts;
+      for (int32_t r : arg.refs) parts.push_back(r < 0 ? "None" : refToString(node.inputs[r]));
+      return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+    }
+    case ArgKind::kRuntime:
+    case ArgKind::kConstant: {
+      std::ostringstream out;
+      if (arg.value.isTensor()) {
+        out << "host_scalar";
+      } else {
+        out << arg.value;
+      }
+      return arg.kind == ArgKind::kRuntime ? absl::StrCat("$", out.str()) : out.str();
+    }
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string Graph::toString() const {
+  std::string out;
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    const BufferInfo& info = buffers[b];
+    absl::StrAppend(&out, "buffer %", b, ": ", info.nbytes, " bytes on ", info.device.str(),
+                    info.existed_before ? ", input" : "", info.live_after ? ", live" : "",
+                    "\n");
+  }
+  for (const Node& node : nodes) {
+    std::vector<std::string> outs;
+    for (const TensorRef& ref : node.outputs) outs.push_back(refToString(ref));
+    std::vector<std::string> args;
+    for (const Arg& arg : node.args) args.push_back(argToString(arg, node));
+    absl::StrAppend(&out, outs.empty() ? "" : absl::StrCat(absl::StrJoin(outs, ", "), " = "),
+                    node.name(), "(", absl::StrJoin(args, ", "), ")");
+    if (!node.writes.empty()) {
+      absl::StrAppend(&out, "  writes %", absl::StrJoin(node.writes, ", %"));
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
+}  // namespace poptorch::ir

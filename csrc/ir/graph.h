@@ -1,0 +1,88 @@
+// The captured program: a list of ATen operator calls in program order over
+// *buffers* (one per ipu storage the program touches). Each tensor an op reads
+// or writes is a strided view (TensorRef) of a buffer, so views, aliasing and
+// in-place updates are represented exactly as PyTorch performed them.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace poptorch::ir {
+
+using BufferId = int32_t;
+
+// A strided view of a buffer, in elements of `dtype`.
+struct TensorRef {
+  BufferId buffer = -1;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  int64_t offset = 0;
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+
+  bool operator==(const TensorRef& other) const = default;
+  int64_t numel() const;
+};
+
+enum class ArgKind : uint8_t {
+  kConstant,    // part of the program's structure (ints, shapes, dtypes, flags...)
+  kTensor,      // an ipu tensor: refs[0] indexes Node::inputs
+  kTensorList,  // Tensor[] / Tensor?[]: refs index Node::inputs, -1 for None
+  kRuntime,     // a value that may change between runs without changing the
+                // program: floating/integer Scalars and host scalar tensors.
+                // Kept out of the structural hash.
+};
+
+struct Arg {
+  ArgKind kind = ArgKind::kConstant;
+  c10::IValue value;          // kConstant and kRuntime
+  std::vector<int32_t> refs;  // kTensor and kTensorList
+  bool optional_elements = false;  // kTensorList of Tensor?[]
+
+  static Arg constant(c10::IValue v) { return {ArgKind::kConstant, std::move(v), {}, false}; }
+  static Arg runtime(c10::IValue v) { return {ArgKind::kRuntime, std::move(v), {}, false}; }
+  static Arg tensor(int32_t ref) { return {ArgKind::kTensor, {}, {ref}, false}; }
+};
+
+struct Node {
+  c10::OperatorHandle op;
+  std::vector<Arg> args;
+  std::vector<TensorRef> inputs;    // every ipu tensor argument, as read
+  std::vector<TensorRef> outputs;   // fresh results, each on a buffer of its own
+  std::vector<BufferId> writes;     // buffers the op mutates in place
+  // Per schema return: true if it is a fresh result (its tensors are the next
+  // entries of `outputs`), false if it aliases a mutated argument.
+  std::vector<bool> fresh_returns;
+  int32_t source_index = -1;  // position in the graph as captured
+
+  explicit Node(c10::OperatorHandle handle) : op(std::move(handle)) {}
+  std::string name() const;
+  bool isNondeterministic() const;
+};
+
+struct BufferInfo {
+  int64_t nbytes = 0;
+  c10::Device device{c10::DeviceType::IPU, 0};
+  // True when the buffer existed before the graph (parameters, inputs, the
+  // results of earlier graphs); false when a node or a factory made it.
+  bool existed_before = false;
+  // True when a tensor outside the graph still refers to it at the sync point:
+  // its final value must be kept.
+  bool live_after = false;
+};
+
+struct Graph {
+  std::vector<BufferInfo> buffers;
+  std::vector<Node> nodes;
+
+  BufferId addBuffer(BufferInfo info);
+  std::string toString() const;
+};
+
+}  // namespace poptorch::ir

@@ -1,0 +1,33 @@
+#include <vector>
+
+#include "passes/passes.h"
+
+namespace poptorch::passes {
+
+ir::Graph eliminateDeadCode(ir::Graph graph) {
+  std::vector<bool> needed(graph.buffers.size(), false);
+  for (size_t b = 0; b < graph.buffers.size(); ++b) needed[b] = graph.buffers[b].live_after;
+
+  // Walk backwards: a node is live when it produces or writes a buffer that a
+  // later live node reads (or that outlives the graph); its inputs are then needed.
+  std::vector<bool> keep(graph.nodes.size(), false);
+  for (size_t i = graph.nodes.size(); i-- > 0;) {
+    const ir::Node& node = graph.nodes[i];
+    bool live = node.outputs.empty() && node.writes.empty();  // opaque side effects
+    for (const ir::TensorRef& out : node.outputs) live = live || needed[out.buffer];
+    for (ir::BufferId w : node.writes) live = live || needed[w];
+    if (!live) continue;
+    keep[i] = true;
+    for (const ir::TensorRef& in : node.inputs) needed[in.buffer] = true;
+  }
+
+  std::vector<ir::Node> kept;
+  kept.reserve(graph.nodes.size());
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (keep[i]) kept.push_back(std::move(graph.nodes[i]));
+  }
+  graph.nodes = std::move(kept);
+  return graph;
+}
+
+}  // namespace poptorch::passes

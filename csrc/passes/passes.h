@@ -1,0 +1,19 @@
+// Graph-to-graph optimisations. Each keeps the observable effect of the graph
+// on its live buffers, and keeps Node::source_index so that runtime arguments
+// can still be read from the graph as captured.
+#pragma once
+
+#include "ir/graph.h"
+
+namespace poptorch::passes {
+
+// Removes nodes whose results and writes no live buffer can observe.
+ir::Graph eliminateDeadCode(ir::Graph graph);
+
+// Removes a node that repeats an earlier one (same op, same constant
+// arguments, same inputs holding the same values) and makes its readers use
+// the earlier node's results. Only pure, deterministic nodes whose results are
+// temporaries and are never written afterwards are merged.
+ir::Graph eliminateCommonSubexpressions(ir::Graph graph);
+
+}  // namespace poptorch::passes

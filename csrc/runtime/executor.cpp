@@ -1,0 +1,160 @@
+#include "runtime/executor.h"
+
+#include <ATen/core/List.h>
+#include <ATen/core/stack.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+
+namespace poptorch::runtime {
+namespace {
+
+void releaseIpuStorage(void* context) {
+  c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(context));
+}
+
+at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      c10::scalarTypeToTypeMeta(ref.dtype));
+  impl->set_sizes_and_strides(ref.sizes, ref.strides, ref.offset);
+  return at::Tensor(std::move(impl));
+}
+
+c10::Storage newHostStorage(int64_t nbytes) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(nbytes),
+                      c10::GetCPUAllocator(), /*resizable=*/false);
+}
+
+template <typename F>
+void forEachTensor(const c10::IValue& value, F&& fn) {
+  if (value.isTensor()) {
+    fn(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList()) fn(t);
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) forEachTensor(element, fn);
+  }
+}
+
+class Run {
+ public:
+  Run(const compiler::Executable& exe, const std::vector<c10::StorageImpl*>& storages)
+      : exe_(exe), host_(exe.program.buffers.size()) {
+    for (size_t b = 0; b < host_.size(); ++b) {
+      if (exe.roles[b] == compiler::BufferRole::kExternal) host_[b] = hostStorageOf(*storages[b]);
+    }
+  }
+
+  void node(size_t index, const ir::Node& source) {
+    const ir::Node& node = exe_.program.nodes[index];
+    stack_.clear();
+    for (size_t a = 0; a < node.args.size(); ++a) {
+      const ir::Arg& arg = node.args[a];
+      switch (arg.kind) {
+        case ir::ArgKind::kConstant: stack_.push_back(arg.value); break;
+        case ir::ArgKind::kRuntime: stack_.push_back(source.args[a].value); break;
+        case ir::ArgKind::kTensor: stack_.push_back(input(node.inputs[arg.refs[0]])); break;
+        case ir::ArgKind::kTensorList: stack_.push_back(tensorList(node, arg)); break;
+      }
+    }
+    node.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+
+    size_t next_output = 0;
+    for (size_t r = 0; r < stack_.size(); ++r) {
+      if (!node.fresh_returns[r]) continue;
+      forEachTensor(stack_[r], [&](const at::Tensor& result) {
+        if (!result.defined()) return;
+        TORCH_INTERNAL_ASSERT(next_output < node.outputs.size(), node.name(),
+                              " returned more tensors than captured");
+        place(node, node.outputs[next_output++], result);
+      });
+    }
+    for (ir::BufferId b : exe_.release_after[index]) host_[b] = c10::Storage();
+  }
+
+ private:
+  at::Tensor input(const ir::TensorRef& ref) {
+    c10::Storage& storage = host_[ref.buffer];
+    if (!storage) storage = newHostStorage(exe_.program.buffers[ref.buffer].nbytes);
+    return viewOf(storage, ref);
+  }
+
+  c10::IValue tensorList(const ir::Node& node, const ir::Arg& arg) {
+    if (arg.optional_elements) {
+      c10::List<std::optional<at::Tensor>> list;
+      list.reserve(arg.refs.size());
+      for (int32_t r : arg.refs) {
+        list.push_back(r < 0 ? std::optional<at::Tensor>() : input(node.inputs[r]));
+      }
+      return list;
+    }
+    c10::List<at::Tensor> list;
+    list.reserve(arg.refs.size());
+    for (int32_t r : arg.refs) list.push_back(input(node.inputs[r]));
+    return list;
+  }
+
+  // A kernel's result can become the buffer itself when it has exactly the
+  // layout capture predicted and does not alias one of the node's inputs.
+  bool adoptable(const ir::Node& node, const ir::TensorRef& ref, const at::Tensor& result) const {
+    if (result.scalar_type() != ref.dtype || result.storage_offset() != ref.offset ||
+        !result.sizes().equals(ref.sizes) || !result.strides().equals(ref.strides) ||
+        static_cast<int64_t>(result.storage().nbytes()) < exe_.program.buffers[ref.buffer].nbytes) {
+      return false;
+    }
+    for (const ir::TensorRef& in : node.inputs) {
+      if (host_[in.buffer].is_alias_of(result.storage())) return false;
+    }
+    return true;
+  }
+
+  void place(const ir::Node& node, const ir::TensorRef& ref, const at::Tensor& result) {
+    c10::Storage& storage = host_[ref.buffer];
+    if (exe_.roles[ref.buffer] != compiler::BufferRole::kExternal) {
+      if (adoptable(node, ref, result)) {
+        storage = result.storage();
+        return;
+      }
+      storage = newHostStorage(exe_.program.buffers[ref.buffer].nbytes);
+    }
+    viewOf(storage, ref).copy_(result);
+  }
+
+  const compiler::Executable& exe_;
+  std::vector<c10::Storage> host_;
+  torch::jit::Stack stack_;
+};
+
+}  // namespace
+
+void execute(const compiler::Executable& exe, const ir::Graph& captured,
+             const std::vector<c10::StorageImpl*>& storages) {
+  // Kernels run on plain CPU tensors: no autograd or view tracking is wanted.
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  Run run(exe, storages);
+  for (size_t i = 0; i < exe.program.nodes.size(); ++i) {
+    run.node(i, captured.nodes[exe.program.nodes[i].source_index]);
+  }
+}
+
+c10::Storage hostStorageOf(c10::StorageImpl& ipu_storage) {
+  c10::raw::intrusive_ptr::incref(&ipu_storage);
+  void* data = ipu_storage._mutable_data_ptr_no_checks().get();
+  return c10::Storage(c10::Storage::use_byte_size_t(), ipu_storage.nbytes(),
+                      c10::DataPtr(data, &ipu_storage, &releaseIpuStorage, c10::Device(c10::kCPU)),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
+
+at::Tensor hostAlias(const at::Tensor& ipu_tensor) {
+  ir::TensorRef ref;
+  ref.dtype = ipu_tensor.scalar_type();
+  ref.offset = ipu_tensor.storage_offset();
+  ref.sizes.assign(ipu_tensor.sizes().begin(), ipu_tensor.sizes().end());
+  ref.strides.assign(ipu_tensor.strides().begin(), ipu_tensor.strides().end());
+  return viewOf(hostStorageOf(*ipu_tensor.storage().unsafeGetStorageImpl()), ref);
+}
+
+}  // namespace poptorch::runtime
