@@ -13,8 +13,10 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch:
 
 // Records `op` on the stack's arguments as a node of the pending graph and
 // replaces them with its (lazy) results. Returns false, leaving the stack
-// alone, when the op's Meta kernel cannot infer its outputs.
-bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// alone, when the op's Meta kernel cannot infer its outputs. Tensors must all be
+// on one ipu unless `allow_several_ipus` (copies between IPUs).
+bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+               bool allow_several_ipus = false);
 
 // Runs `op` at once on the host (a graph break), counted and logged once per op.
 void hostFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* reason);

@@ -2,6 +2,7 @@
 // twins of the arguments, so shape and dtype errors surface at the line that
 // caused them; the results are lazy ipu tensors with the inferred layout.
 #include <ATen/EmptyTensor.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/native/CPUFallback.h>
 #include <absl/container/flat_hash_map.h>
 #include <torch/library.h>
@@ -48,7 +49,8 @@ std::string opName(const c10::OperatorHandle& op) {
 // The ipu device the op runs on. Host tensors may only be 0-dim scalars, as
 // for CUDA; host index tensors in Tensor?[] lists are uploaded by the caller.
 std::optional<c10::Device> commonDevice(const c10::OperatorHandle& op,
-                                        c10::ArrayRef<c10::IValue> arguments) {
+                                        c10::ArrayRef<c10::IValue> arguments,
+                                        bool allow_several_ipus) {
   std::optional<c10::Device> ipu;
   std::optional<c10::Device> other;
   const auto& schema = op.schema();
@@ -58,7 +60,7 @@ std::optional<c10::Device> commonDevice(const c10::OperatorHandle& op,
       if (!t.defined()) return;
       if (t.is_ipu()) {
         if (!ipu) ipu = t.device();
-        if (*ipu != t.device()) other = t.device();
+        if (*ipu != t.device() && !allow_several_ipus) other = t.device();
       } else if (!(t.is_cpu() && (in_index_list || (t.dim() == 0 && arguments[i].isTensor())))) {
         other = t.device();
       }
@@ -139,6 +141,8 @@ class MetaTwins {
     auto impl = c10::make_intrusive<c10::TensorImpl>(
         c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
     impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    impl->_set_conj(t.is_conj());
+    impl->_set_neg(t.is_neg());
     return at::Tensor(std::move(impl));
   }
 
@@ -233,12 +237,33 @@ const c10::IValue& mutatedArgument(const c10::FunctionSchema& schema, const c10:
                         schema.name());
 }
 
+// Random ops take their seed now, from the generator they would have used.
+void drawSeed(ir::Node& node, c10::ArrayRef<c10::IValue> arguments) {
+  if (!node.isNondeterministic()) return;
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  const auto& schema = node.op.schema();
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    c10::TypePtr type = schema.arguments()[i].type();
+    if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+    if (type->kind() != c10::TypeKind::GeneratorType) continue;
+    node.generator_arg = static_cast<int32_t>(i);
+    if (arguments[i].isGenerator()) {
+      generator = arguments[i].toGenerator();
+      TORCH_CHECK(generator.device().is_cpu(), "a random op on the ipu takes a cpu generator "
+                  "(ipu random numbers are drawn on the host), got one for ", generator.device());
+    }
+  }
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  node.seed = at::check_generator<at::CPUGeneratorImpl>(generator)->random64();
+}
+
 }  // namespace
 
-bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool allow_several_ipus) {
   const c10::FunctionSchema& schema = op.schema();
   const size_t num_args = schema.arguments().size();
-  std::optional<c10::Device> device = commonDevice(op, torch::jit::last(*stack, num_args));
+  std::optional<c10::Device> device =
+      commonDevice(op, torch::jit::last(*stack, num_args), allow_several_ipus);
   if (!device) device = factoryDevice(torch::jit::last(*stack, num_args));
   uploadIndexLists(op, stack, device->index());
   const c10::ArrayRef<c10::IValue> arguments = torch::jit::last(*stack, num_args);
@@ -250,8 +275,10 @@ bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   torch::jit::Stack meta_stack = meta_args;
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
-  } catch (const c10::Error& error) {
-    POPTORCH_LOG(kTrace) << opName(op) << ": Meta inference failed: " << error.what_without_backtrace();
+  } catch (const std::exception& error) {
+    // Meta kernels written in Python raise Python errors, not c10::Errors.
+    // Either way the host runs the op: it gives the result, or the real error.
+    POPTORCH_LOG(kTrace) << opName(op) << ": Meta inference failed: " << error.what();
     return false;
   }
 
@@ -274,6 +301,7 @@ bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t i = 0; i < num_args; ++i) {
     node.args.push_back(makeArg(schema.arguments()[i], arguments[i], node, pending));
   }
+  drawSeed(node, arguments);
 
   std::vector<c10::IValue> results;
   results.reserve(meta_stack.size());
@@ -301,15 +329,16 @@ bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void hostFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* reason) {
-  const std::string name = opName(op);
-  if (Metrics::get().hostFallback(name)) {
-    POPTORCH_LOG(kWarn) << name << " runs on the host (" << reason
-                        << "): the pending graph is run first. Counted in "
-                           "poptorch.metrics()['fallback_ops']; logged once per op.";
-  }
   // PyTorch's own host fallback: it copies ipu arguments to the CPU (a sync
   // point), runs the CPU kernel, and copies results and mutated arguments back.
+  // An error here is the user's (the CPU would raise it too): not a fallback.
   at::native::cpu_fallback(op, stack);
+  const std::string name = opName(op);
+  if (Metrics::get().hostFallback(name)) {
+    POPTORCH_LOG(kWarn) << name << " ran on the host (" << reason
+                        << "): a graph break. Counted in poptorch.metrics()['fallback_ops']; "
+                           "logged once per op.";
+  }
 }
 
 void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {

@@ -131,7 +131,7 @@ const c10::OperatorHandle& copyOp() {
 // Records dst.copy_(src) for two ipu tensors.
 void captureCopy(const at::Tensor& dst, const at::Tensor& src) {
   torch::jit::Stack stack{dst, src, false};
-  const bool captured = captureOp(copyOp(), &stack);
+  const bool captured = captureOp(copyOp(), &stack, /*allow_several_ipus=*/true);
   TORCH_INTERNAL_ASSERT(captured, "copy_ between ipu tensors could not be captured");
 }
 
@@ -202,6 +202,45 @@ TORCH_LIBRARY_IMPL(aten, IPU, m) {
   m.impl("_copy_from", TORCH_FN(copyFrom));
   m.impl("_copy_from_and_resize", TORCH_FN(copyFromAndResize));
   m.impl("_local_scalar_dense", TORCH_FN(localScalarDense));
+}
+
+// Ops with a host (CPU) kernel and also a generic math kernel for other
+// devices would get the math version on the ipu, which computes differently
+// from the CPU and captures as several nodes. Capture them as they are
+// instead; likewise convolution, whose generic kernel dispatches by device.
+struct CaptureHostKernelOps {
+  CaptureHostKernelOps()
+      : library(torch::Library::IMPL, "aten", c10::DispatchKey::IPU, __FILE__, __LINE__) {
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      const c10::OperatorHandle op = *dispatcher.findOp(name);
+      const bool has_math_kernel =
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+      const bool wanted = (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) && has_math_kernel) ||
+                          name.name == "aten::convolution" ||
+                          name.name == "aten::convolution_backward";
+      if (!wanted || op.hasKernelForDispatchKey(c10::DispatchKey::IPU)) continue;
+      const std::string qualified = name.overload_name.empty()
+                                        ? name.name.substr(6)
+                                        : name.name.substr(6) + "." + name.overload_name;
+      library.impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&ipuFallback>());
+    }
+  }
+  torch::Library library;
+};
+const CaptureHostKernelOps capture_host_kernel_ops;
+
+// Copies read lazily conjugated or negated sources as they are (the kernels
+// that finally run honour the bits); resolving them first would recurse.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
 
 TORCH_LIBRARY_IMPL(_, IPU, m) {

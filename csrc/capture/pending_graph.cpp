@@ -39,16 +39,6 @@ void checkFits(const compiler::Executable& exe) {
 
 }  // namespace
 
-ir::TensorRef refFromTensor(const at::Tensor& tensor, ir::BufferId buffer) {
-  ir::TensorRef ref;
-  ref.buffer = buffer;
-  ref.dtype = tensor.scalar_type();
-  ref.offset = tensor.storage_offset();
-  ref.sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
-  ref.strides.assign(tensor.strides().begin(), tensor.strides().end());
-  return ref;
-}
-
 PendingGraph& PendingGraph::get() {
   static PendingGraph pending;
   return pending;
@@ -81,11 +71,11 @@ ir::TensorRef PendingGraph::refOf(const at::Tensor& tensor) {
   // value the graph depends on.
   const ir::BufferId id = it != ids_.end() ? it->second
                                            : addBuffer(tensor, device::isMaterialized(*storage));
-  return refFromTensor(tensor, id);
+  return ir::TensorRef::of(tensor, id);
 }
 
 ir::TensorRef PendingGraph::refOfResult(const at::Tensor& tensor) {
-  return refFromTensor(tensor, addBuffer(tensor, /*existed_before=*/false));
+  return ir::TensorRef::of(tensor, addBuffer(tensor, /*existed_before=*/false));
 }
 
 void PendingGraph::noteResize(const c10::StorageImpl* storage) {

@@ -57,6 +57,4 @@ class PendingGraph {
   size_t max_nodes_;
 };
 
-ir::TensorRef refFromTensor(const at::Tensor& tensor, ir::BufferId buffer);
-
 }  // namespace poptorch::capture

@@ -13,6 +13,18 @@ int64_t TensorRef::numel() const {
   return n;
 }
 
+TensorRef TensorRef::of(const at::Tensor& tensor, BufferId buffer) {
+  TensorRef ref;
+  ref.buffer = buffer;
+  ref.dtype = tensor.scalar_type();
+  ref.offset = tensor.storage_offset();
+  ref.sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
+  ref.strides.assign(tensor.strides().begin(), tensor.strides().end());
+  ref.conj = tensor.is_conj();
+  ref.neg = tensor.is_neg();
+  return ref;
+}
+
 std::string Node::name() const {
   const c10::OperatorName& n = op.operator_name();
   return n.overload_name.empty() ? n.name : absl::StrCat(n.name, ".", n.overload_name);
@@ -32,7 +44,8 @@ namespace {
 std::string refToString(const TensorRef& ref) {
   return absl::StrCat("%", ref.buffer, "<", c10::toString(ref.dtype), "[",
                       absl::StrJoin(ref.sizes, ","), "]",
-                      ref.offset != 0 ? absl::StrCat("+", ref.offset) : "", ">");
+                      ref.offset != 0 ? absl::StrCat("+", ref.offset) : "",
+                      ref.conj ? ",conj" : "", ref.neg ? ",neg" : "", ">");
 }
 
 std::string argToString(const Arg& arg, const Node& node) {

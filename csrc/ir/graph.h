@@ -25,9 +25,14 @@ struct TensorRef {
   int64_t offset = 0;
   c10::SmallVector<int64_t, 5> sizes;
   c10::SmallVector<int64_t, 5> strides;
+  // PyTorch's lazy conjugation and negation bits of the view.
+  bool conj = false;
+  bool neg = false;
 
   bool operator==(const TensorRef& other) const = default;
   int64_t numel() const;
+  // The view `tensor` takes of `buffer`.
+  static TensorRef of(const at::Tensor& tensor, BufferId buffer);
 };
 
 enum class ArgKind : uint8_t {
@@ -60,6 +65,11 @@ struct Node {
   // entries of `outputs`), false if it aliases a mutated argument.
   std::vector<bool> fresh_returns;
   int32_t source_index = -1;  // position in the graph as captured
+  // Random ops: the seed drawn when the op was called, so that the values
+  // follow the generator state at the call (torch.manual_seed, fork_rng) and
+  // not the state when the graph runs. Runtime data: not hashed.
+  std::optional<uint64_t> seed;
+  int32_t generator_arg = -1;  // index of the op's Generator? argument, if any
 
   explicit Node(c10::OperatorHandle handle) : op(std::move(handle)) {}
   std::string name() const;

@@ -17,7 +17,7 @@ uint64_t hashRef(const TensorRef& ref) {
   h = hashCombine(h, ref.sizes.size());
   for (int64_t s : ref.sizes) h = hashCombine(h, static_cast<uint64_t>(s));
   for (int64_t s : ref.strides) h = hashCombine(h, static_cast<uint64_t>(s));
-  return h;
+  return hashCombine(h, (ref.conj ? 1u : 0u) | (ref.neg ? 2u : 0u));
 }
 
 // A runtime value contributes only its kind, which decides type promotion.

@@ -1,5 +1,6 @@
 #include "runtime/executor.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -20,6 +21,8 @@ at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref) {
       c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
       c10::scalarTypeToTypeMeta(ref.dtype));
   impl->set_sizes_and_strides(ref.sizes, ref.strides, ref.offset);
+  impl->_set_conj(ref.conj);
+  impl->_set_neg(ref.neg);
   return at::Tensor(std::move(impl));
 }
 
@@ -38,6 +41,27 @@ void forEachTensor(const c10::IValue& value, F&& fn) {
     for (const c10::IValue& element : value.toListRef()) forEachTensor(element, fn);
   }
 }
+
+// For random ops without a generator argument: the default generator runs
+// them from the captured seed, then gets its own state back.
+class DefaultGeneratorSeeded {
+ public:
+  explicit DefaultGeneratorSeeded(uint64_t seed) : generator_(at::detail::getDefaultCPUGenerator()) {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    saved_ = generator_.clone();
+    generator_.set_current_seed(seed);
+  }
+  ~DefaultGeneratorSeeded() {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(saved_.get_state());
+  }
+  DefaultGeneratorSeeded(const DefaultGeneratorSeeded&) = delete;
+  DefaultGeneratorSeeded& operator=(const DefaultGeneratorSeeded&) = delete;
+
+ private:
+  at::Generator generator_;
+  at::Generator saved_;
+};
 
 class Run {
  public:
@@ -60,7 +84,15 @@ class Run {
         case ir::ArgKind::kTensorList: stack_.push_back(tensorList(node, arg)); break;
       }
     }
-    node.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+    if (source.seed && node.generator_arg >= 0) {
+      stack_[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(*source.seed);
+      call(node);
+    } else if (source.seed) {
+      DefaultGeneratorSeeded seeded(*source.seed);
+      call(node);
+    } else {
+      call(node);
+    }
 
     size_t next_output = 0;
     for (size_t r = 0; r < stack_.size(); ++r) {
@@ -76,6 +108,10 @@ class Run {
   }
 
  private:
+  void call(const ir::Node& node) {
+    node.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+  }
+
   at::Tensor input(const ir::TensorRef& ref) {
     c10::Storage& storage = host_[ref.buffer];
     if (!storage) storage = newHostStorage(exe_.program.buffers[ref.buffer].nbytes);
@@ -112,6 +148,16 @@ class Run {
   }
 
   void place(const ir::Node& node, const ir::TensorRef& ref, const at::Tensor& result) {
+    if (!result.sizes().equals(ref.sizes)) {
+      // Some Meta kernels disagree with the host kernel about an auxiliary
+      // result that one of them leaves empty (batch-norm statistics in eval
+      // mode, embedding_bag's bookkeeping); the captured shape stands.
+      TORCH_CHECK(result.numel() == 0 || ref.numel() == 0, node.name(),
+                  ": the host kernel returned a result of shape ", result.sizes(),
+                  " where its Meta kernel predicted ", c10::IntArrayRef(ref.sizes),
+                  "; this op cannot run on the ipu.");
+      return;
+    }
     c10::Storage& storage = host_[ref.buffer];
     if (exe_.roles[ref.buffer] != compiler::BufferRole::kExternal) {
       if (adoptable(node, ref, result)) {
@@ -149,12 +195,8 @@ c10::Storage hostStorageOf(c10::StorageImpl& ipu_storage) {
 }
 
 at::Tensor hostAlias(const at::Tensor& ipu_tensor) {
-  ir::TensorRef ref;
-  ref.dtype = ipu_tensor.scalar_type();
-  ref.offset = ipu_tensor.storage_offset();
-  ref.sizes.assign(ipu_tensor.sizes().begin(), ipu_tensor.sizes().end());
-  ref.strides.assign(ipu_tensor.strides().begin(), ipu_tensor.strides().end());
-  return viewOf(hostStorageOf(*ipu_tensor.storage().unsafeGetStorageImpl()), ref);
+  return viewOf(hostStorageOf(*ipu_tensor.storage().unsafeGetStorageImpl()),
+                ir::TensorRef::of(ipu_tensor, /*buffer=*/0));
 }
 
 }  // namespace poptorch::runtime
