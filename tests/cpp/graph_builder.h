@@ -1,0 +1,72 @@
+// Builds small IR graphs by hand for the unit tests.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <initializer_list>
+#include <string>
+
+#include "ir/graph.h"
+
+namespace poptorch::testing {
+
+inline c10::OperatorHandle aten(const char* name, const char* overload = "") {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+class GraphBuilder {
+ public:
+  // A float32 buffer of `numel` elements; `input` if it existed before the graph.
+  ir::BufferId buffer(int64_t numel, bool input = false, bool live = false) {
+    ir::BufferInfo info;
+    info.nbytes = numel * 4;
+    info.existed_before = input;
+    info.live_after = live;
+    return graph.addBuffer(info);
+  }
+
+  static ir::TensorRef ref(ir::BufferId buffer, std::initializer_list<int64_t> sizes) {
+    ir::TensorRef r;
+    r.buffer = buffer;
+    r.dtype = c10::ScalarType::Float;
+    r.sizes.assign(sizes);
+    int64_t stride = 1;
+    r.strides.resize(r.sizes.size());
+    for (size_t i = r.sizes.size(); i-- > 0;) {
+      r.strides[i] = stride;
+      stride *= r.sizes[i];
+    }
+    return r;
+  }
+
+  // out = op(a, b) for a binary functional op such as aten::mul.Tensor.
+  ir::Node& binary(const c10::OperatorHandle& op, ir::TensorRef a, ir::TensorRef b,
+                   ir::TensorRef out) {
+    ir::Node node(op);
+    node.inputs = {a, b};
+    node.args = {ir::Arg::tensor(0), ir::Arg::tensor(1)};
+    node.outputs = {out};
+    node.fresh_returns = {true};
+    return append(std::move(node));
+  }
+
+  // self.add_(other, alpha) with a runtime alpha.
+  ir::Node& addInPlace(ir::TensorRef self, ir::TensorRef other, double alpha) {
+    ir::Node node(aten("aten::add_", "Tensor"));
+    node.inputs = {self, other};
+    node.args = {ir::Arg::tensor(0), ir::Arg::tensor(1), ir::Arg::runtime(alpha)};
+    node.writes = {self.buffer};
+    node.fresh_returns = {false};
+    return append(std::move(node));
+  }
+
+  ir::Node& append(ir::Node node) {
+    node.source_index = static_cast<int32_t>(graph.nodes.size());
+    graph.nodes.push_back(std::move(node));
+    return graph.nodes.back();
+  }
+
+  ir::Graph graph;
+};
+
+}  // namespace poptorch::testing
