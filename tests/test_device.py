@@ -1,0 +1,96 @@
+"""The ipu is a PyTorch device like any other."""
+import pytest
+import torch
+
+import poptorch
+from conftest import run_python
+
+
+def test_factories_and_moves():
+    x = torch.zeros(3, device="ipu")
+    assert x.device == torch.device("ipu:0") and x.is_ipu
+    assert torch.equal(x.cpu(), torch.zeros(3))
+    y = torch.arange(6.0).reshape(2, 3)
+    assert torch.equal(y.to("ipu").cpu(), y)
+    assert y.to("ipu:1").device == torch.device("ipu:1")
+    assert torch.equal(y.to("ipu:1").to("ipu:0").cpu(), y)
+
+
+def test_item_tolist_print_and_numpy():
+    t = torch.tensor([1.5, 2.5], device="ipu") * 2
+    assert t.sum().item() == 8.0
+    assert t.tolist() == [3.0, 5.0]
+    assert "device='ipu:0'" in str(t) and "3." in str(t)
+    assert (t.cpu().numpy() == [3.0, 5.0]).all()
+
+
+def test_model_to_ipu_moves_every_parameter_and_buffer():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).to("ipu")
+    assert all(p.device.type == "ipu" for p in model.parameters())
+    assert all(b.device.type == "ipu" for b in model.buffers())
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    cpu.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(model(x.to("ipu")).cpu(), cpu(x))
+
+
+def test_device_module():
+    assert torch.ipu.is_available()
+    assert torch.ipu.device_count() == 4
+    torch.ipu.synchronize()
+    with torch.ipu.device(2):
+        assert torch.ipu.current_device() == 2
+        assert torch.empty(2, device="ipu").device == torch.device("ipu:2")
+    assert torch.ipu.current_device() == 0
+
+
+def test_memory_allocated_counts_live_tensors():
+    before = torch.ipu.memory_allocated(1)
+    t = torch.ones(1024, device="ipu:1")
+    assert torch.ipu.memory_allocated(1) == before + 4096
+    del t
+    assert torch.ipu.memory_allocated(1) == before
+
+
+def test_mixing_cpu_and_ipu_tensors_raises_like_cuda():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(3, device="ipu") + torch.ones(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(3, device="ipu:0") + torch.ones(3, device="ipu:1")
+
+
+def test_cpu_scalar_tensors_mix_with_ipu_tensors():
+    result = torch.ones(3, device="ipu") + torch.tensor(2.0)
+    assert torch.equal(result.cpu(), torch.full((3,), 3.0))
+
+
+def test_bad_device_index():
+    with pytest.raises(IndexError, match="ipu:9 is not a device.*4 IPUs"):
+        torch.ones(3, device="ipu:9")
+    with pytest.raises(IndexError):
+        torch.ipu.set_device(7)
+
+
+def test_unsupported_dtype_is_a_clear_error():
+    with pytest.raises(TypeError, match="no 64-bit floating point"):
+        torch.ones(3, device="ipu", dtype=torch.float64)
+    with pytest.raises(TypeError, match="no 64-bit floating point"):
+        torch.ones(3, dtype=torch.float64).to("ipu")
+
+
+def test_sparse_layouts_are_refused():
+    with pytest.raises(NotImplementedError):
+        torch.ones(2, 2, device="ipu").to_sparse()
+
+
+def test_out_of_memory_is_reported_like_cuda():
+    result = run_python(
+        "import torch, poptorch\n"
+        "try:\n"
+        "    torch.empty(2 * 1024 * 1024, device='ipu')\n"
+        "except torch.OutOfMemoryError as e:\n"
+        "    print('OOM:', e)\n",
+        env={"POPTORCH_IPU_MEMORY_MB": "4"},
+    )
+    assert "OOM: IPU out of memory" in result.stdout, result.stderr
+    assert "ipu:0, which has 4 MiB in total" in result.stdout
