@@ -12,7 +12,13 @@ import torch
 
 from . import _C
 from . import _device_module
+from . import optim
+from ._errors import Error, RecoverableError, UnrecoverableError
+from ._executor import PoplarExecutor, inferenceModel, trainingModel
 from ._logging import logger, setLogLevel
+from ._losses import identity_loss, isRunningOnIpu
+from .options import (HalfFloatCastingBehavior, Options, OutputMode, ReductionType,
+                      TensorLocationSettings)
 
 torch._register_device_module("ipu", _device_module)
 
@@ -36,4 +42,21 @@ def reset_metrics() -> None:
     _C.reset_metrics()
 
 
-__all__ = ["logger", "metrics", "reset_metrics", "setLogLevel", "synchronize"]
+def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
+    """False: there is no IPU hardware here; the IPU Model (emulated on the
+    host) runs everything."""
+    return False
+
+
+def ipuHardwareVersion() -> str:
+    """The IPU version the emulation models ("ipu2"), as PopTorch names it."""
+    return "ipu2"
+
+
+__all__ = [
+    "Error", "HalfFloatCastingBehavior", "Options", "OutputMode", "PoplarExecutor",
+    "RecoverableError", "ReductionType", "TensorLocationSettings", "UnrecoverableError",
+    "identity_loss", "inferenceModel", "ipuHardwareIsAvailable", "ipuHardwareVersion",
+    "isRunningOnIpu", "logger", "metrics", "optim", "reset_metrics", "setLogLevel",
+    "synchronize", "trainingModel",
+]

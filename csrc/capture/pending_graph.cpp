@@ -8,7 +8,6 @@
 #include "compiler/executable.h"
 #include "device/ipu_device.h"
 #include "ir/hash.h"
-#include "runtime/executor.h"
 
 namespace poptorch::capture {
 namespace {
@@ -21,20 +20,6 @@ size_t maxNodesFromEnvironment() {
 
 double secondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// Temporaries must fit beside what the IPU already holds, as on hardware.
-void checkFits(const compiler::Executable& exe) {
-  for (size_t d = 0; d < exe.peak_temporary_bytes.size(); ++d) {
-    const int index = static_cast<int>(d);
-    const int64_t needed = exe.peak_temporary_bytes[d];
-    if (needed == 0) continue;
-    const int64_t free = device::memoryCapacity(index) - device::memoryAllocated(index);
-    TORCH_CHECK_WITH(OutOfMemoryError, needed <= free, "IPU out of memory: the graph needs ",
-                     needed >> 20, " MiB of temporaries on ipu:", index, " but only ",
-                     free >> 20, " MiB are free. Synchronise more often (smaller graphs), "
-                     "use a smaller batch, or raise POPTORCH_IPU_MEMORY_MB.");
-  }
 }
 
 }  // namespace
@@ -93,32 +78,31 @@ void PendingGraph::append(ir::Node node) {
   }
 }
 
-void PendingGraph::flush() {
+std::unique_ptr<runtime::Program> PendingGraph::prepare() {
   // Take the state first, so that an error below leaves an empty graph behind.
   ir::Graph graph = std::move(graph_);
   std::vector<Entry> entries = std::move(entries_);
   graph_ = ir::Graph();
   entries_.clear();
   ids_.clear();
-  if (graph.nodes.empty()) return;
+  if (graph.nodes.empty()) return nullptr;
 
-  std::vector<c10::Storage> keep_alive(entries.size());
-  std::vector<c10::StorageImpl*> storages(entries.size(), nullptr);
+  std::vector<c10::Storage> storages(entries.size());
   for (size_t b = 0; b < entries.size(); ++b) {
     Entry& entry = entries[b];
     ir::BufferInfo& info = graph.buffers[b];
+    c10::Storage storage;
     if (entry.strong) {
       info.live_after = entry.strong.use_count() > 1;
-      keep_alive[b] = std::move(entry.strong);
+      storage = std::move(entry.strong);
     } else if (auto locked = entry.weak->lock()) {
       info.live_after = true;
-      keep_alive[b] = c10::Storage(std::move(locked));
+      storage = c10::Storage(std::move(locked));
     }
     if (info.existed_before || info.live_after) {
-      c10::StorageImpl* storage = keep_alive[b].unsafeGetStorageImpl();
-      device::materialize(*storage);
-      info.nbytes = static_cast<int64_t>(storage->nbytes());
-      storages[b] = storage;
+      device::materialize(*storage.unsafeGetStorageImpl());
+      info.nbytes = static_cast<int64_t>(storage.nbytes());
+      storages[b] = std::move(storage);
     }
   }
 
@@ -135,10 +119,11 @@ void PendingGraph::flush() {
     cache.insert(exe);
     Metrics::get().graphCompiled(secondsSince(start));
   }
-  checkFits(*exe);
-  const auto start = std::chrono::steady_clock::now();
-  runtime::execute(*exe, graph, storages);
-  Metrics::get().executed(secondsSince(start));
+  return std::make_unique<runtime::Program>(std::move(exe), std::move(graph), std::move(storages));
+}
+
+void PendingGraph::flush() {
+  if (auto program = prepare()) program->run();
 }
 
 }  // namespace poptorch::capture

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "runtime/program.h"
 
 namespace poptorch::capture {
 
@@ -32,8 +33,13 @@ class PendingGraph {
   // Appends a node; runs the graph when it grows past POPTORCH_MAX_GRAPH_NODES.
   void append(ir::Node node);
 
-  // The sync point: compiles (or finds in the cache) and runs every pending
-  // node, leaving each live ipu storage materialised and up to date.
+  // Turns the pending nodes into a program (compiled, or found in the cache)
+  // bound to their storages, and leaves the pending graph empty. Storages
+  // that outlive the graph are materialised. Null if nothing is pending.
+  std::unique_ptr<runtime::Program> prepare();
+
+  // The sync point: prepares and runs every pending node, leaving each live
+  // ipu storage materialised and up to date.
   void flush();
 
   size_t size() const { return graph_.nodes.size(); }

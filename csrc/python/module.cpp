@@ -2,6 +2,7 @@
 // ipu device (allocator, guard, dispatcher kernels) with PyTorch.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "capture/capture.h"
 #include "capture/pending_graph.h"
@@ -9,6 +10,9 @@
 #include "common/metrics.h"
 #include "compiler/executable.h"
 #include "device/ipu_device.h"
+#include "runtime/executor.h"
+#include "runtime/program.h"
+#include "runtime/step_runner.h"
 
 namespace py = pybind11;
 
@@ -45,6 +49,28 @@ std::string pendingGraph() {
   return capture::PendingGraph::get().toString();
 }
 
+std::shared_ptr<runtime::Program> prepareProgram() {
+  auto lock = capture::PendingGraph::get().lock();
+  return capture::PendingGraph::get().prepare();
+}
+
+std::vector<at::Tensor> runSteps(const runtime::Program& micro_step,
+                                 const runtime::Program* update,
+                                 const std::vector<at::Tensor>& device_inputs,
+                                 const std::vector<at::Tensor>& host_inputs,
+                                 const std::vector<at::Tensor>& device_outputs,
+                                 int64_t iterations, int64_t accumulation, int64_t replicas,
+                                 int output_mode, int64_t return_period, uint64_t seed) {
+  runtime::StepShape shape;
+  shape.iterations = iterations;
+  shape.accumulation = accumulation;
+  shape.replicas = replicas;
+  shape.output_mode = static_cast<runtime::OutputMode>(output_mode);
+  shape.return_period = return_period;
+  return runtime::runSteps(micro_step, update, device_inputs, host_inputs, device_outputs, shape,
+                           seed);
+}
+
 size_t pendingNodes() {
   auto lock = capture::PendingGraph::get().lock();
   return capture::PendingGraph::get().size();
@@ -73,4 +99,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("memory_capacity", &device::memoryCapacity);
   m.def("configure_ipus", &device::configure, py::arg("num_ipus"), py::arg("memory_per_ipu"));
   m.def("set_log_level", &setLogLevel);
+  m.def("host_alias", &runtime::hostAlias,
+        "A cpu tensor over the bytes of a materialised ipu tensor.");
+
+  py::class_<runtime::Program, std::shared_ptr<runtime::Program>>(
+      m, "Program", "A captured, compiled graph bound to its ipu storages.")
+      .def("run", &runtime::Program::run, py::arg("seed_salt") = 0,
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("num_nodes", &runtime::Program::numNodes);
+  m.def("prepare_program", &prepareProgram,
+        "Takes the pending graph as a Program without running it (None if empty).");
+  m.def("run_steps", &runSteps, py::call_guard<py::gil_scoped_release>());
 }

@@ -1,5 +1,7 @@
 #include "runtime/executor.h"
 
+#include "ir/hash.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
@@ -65,8 +67,9 @@ class DefaultGeneratorSeeded {
 
 class Run {
  public:
-  Run(const compiler::Executable& exe, const std::vector<c10::StorageImpl*>& storages)
-      : exe_(exe), host_(exe.program.buffers.size()) {
+  Run(const compiler::Executable& exe, const std::vector<c10::StorageImpl*>& storages,
+      uint64_t seed_salt)
+      : exe_(exe), host_(exe.program.buffers.size()), seed_salt_(seed_salt) {
     for (size_t b = 0; b < host_.size(); ++b) {
       if (exe.roles[b] == compiler::BufferRole::kExternal) host_[b] = hostStorageOf(*storages[b]);
     }
@@ -85,10 +88,10 @@ class Run {
       }
     }
     if (source.seed && node.generator_arg >= 0) {
-      stack_[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(*source.seed);
+      stack_[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(seedOf(source));
       call(node);
     } else if (source.seed) {
-      DefaultGeneratorSeeded seeded(*source.seed);
+      DefaultGeneratorSeeded seeded(seedOf(source));
       call(node);
     } else {
       call(node);
@@ -108,6 +111,10 @@ class Run {
   }
 
  private:
+  uint64_t seedOf(const ir::Node& source) const {
+    return seed_salt_ == 0 ? *source.seed : ir::hashCombine(*source.seed, seed_salt_);
+  }
+
   void call(const ir::Node& node) {
     node.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
   }
@@ -171,16 +178,17 @@ class Run {
 
   const compiler::Executable& exe_;
   std::vector<c10::Storage> host_;
+  uint64_t seed_salt_;
   torch::jit::Stack stack_;
 };
 
 }  // namespace
 
 void execute(const compiler::Executable& exe, const ir::Graph& captured,
-             const std::vector<c10::StorageImpl*>& storages) {
+             const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt) {
   // Kernels run on plain CPU tensors: no autograd or view tracking is wanted.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  Run run(exe, storages);
+  Run run(exe, storages, seed_salt);
   for (size_t i = 0; i < exe.program.nodes.size(); ++i) {
     run.node(i, captured.nodes[exe.program.nodes[i].source_index]);
   }

@@ -14,7 +14,7 @@ namespace poptorch::runtime {
 // structural hash as the one compiled). `storages[b]` is the materialised ipu
 // storage behind external buffer b (null for the others).
 void execute(const compiler::Executable& exe, const ir::Graph& captured,
-             const std::vector<c10::StorageImpl*>& storages);
+             const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt = 0);
 
 // A CPU storage over the bytes of a materialised ipu storage; it keeps the ipu
 // storage alive while it exists.

@@ -1,0 +1,40 @@
+#include "runtime/program.h"
+
+#include <chrono>
+
+#include "common/metrics.h"
+#include "device/ipu_device.h"
+#include "runtime/executor.h"
+
+namespace poptorch::runtime {
+
+Program::Program(std::shared_ptr<const compiler::Executable> executable, ir::Graph graph,
+                 std::vector<c10::Storage> storages)
+    : executable_(std::move(executable)),
+      graph_(std::move(graph)),
+      storages_(std::move(storages)),
+      external_(storages_.size(), nullptr) {
+  for (size_t b = 0; b < storages_.size(); ++b) {
+    if (storages_[b]) external_[b] = storages_[b].unsafeGetStorageImpl();
+  }
+}
+
+void Program::run(uint64_t seed_salt) const {
+  // Temporaries must fit beside what the IPU already holds, as on hardware.
+  const auto& peaks = executable_->peak_temporary_bytes;
+  for (size_t d = 0; d < peaks.size(); ++d) {
+    if (peaks[d] == 0) continue;
+    const int index = static_cast<int>(d);
+    const int64_t free = device::memoryCapacity(index) - device::memoryAllocated(index);
+    TORCH_CHECK_WITH(OutOfMemoryError, peaks[d] <= free, "IPU out of memory: the graph needs ",
+                     peaks[d] >> 20, " MiB of temporaries on ipu:", index, " but only ",
+                     free >> 20, " MiB are free. Synchronise more often (smaller graphs), "
+                     "use a smaller batch, or raise POPTORCH_IPU_MEMORY_MB.");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  execute(*executable_, graph_, external_, seed_salt);
+  Metrics::get().executed(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+}  // namespace poptorch::runtime

@@ -1,0 +1,31 @@
+// A compiled graph bound to the ipu storages it reads and writes: what a sync
+// point runs once, and what trainingModel/inferenceModel replay for every
+// micro-batch without running Python again.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "compiler/executable.h"
+
+namespace poptorch::runtime {
+
+class Program {
+ public:
+  Program(std::shared_ptr<const compiler::Executable> executable, ir::Graph graph,
+          std::vector<c10::Storage> storages);
+
+  // Runs the program once. A non-zero `seed_salt` gives its random ops fresh
+  // seeds (every replay of a training step draws new dropout masks).
+  void run(uint64_t seed_salt = 0) const;
+
+  size_t numNodes() const { return executable_->program.nodes.size(); }
+
+ private:
+  std::shared_ptr<const compiler::Executable> executable_;
+  ir::Graph graph_;                           // as captured: runtime arguments come from here
+  std::vector<c10::Storage> storages_;        // keeps external buffers alive
+  std::vector<c10::StorageImpl*> external_;   // per buffer, null unless external
+};
+
+}  // namespace poptorch::runtime

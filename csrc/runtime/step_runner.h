@@ -1,0 +1,35 @@
+// The replay loop of trainingModel/inferenceModel: one call runs
+// `iterations x accumulation x replicas` micro-batches through a captured
+// micro-step program (and the optimiser update after each iteration) in C++.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "runtime/program.h"
+
+namespace poptorch::runtime {
+
+enum class OutputMode : int { kAll = 0, kFinal = 1, kEveryN = 2, kSum = 3 };
+
+struct StepShape {
+  int64_t iterations = 1;
+  int64_t accumulation = 1;
+  int64_t replicas = 1;
+  OutputMode output_mode = OutputMode::kAll;
+  int64_t return_period = 1;  // kEveryN: every return_period-th iteration
+};
+
+// Micro-batch k (ordered by iteration, then accumulation step, then replica)
+// is rows [k*b, (k+1)*b) of every host input, b being the device input's first
+// dimension. After each run of `micro_step` the device outputs are gathered
+// per the output mode into host tensors, which are returned. `update` (may be
+// null) runs after each iteration's micro-batches.
+std::vector<at::Tensor> runSteps(const Program& micro_step, const Program* update,
+                                 const std::vector<at::Tensor>& device_inputs,
+                                 const std::vector<at::Tensor>& host_inputs,
+                                 const std::vector<at::Tensor>& device_outputs,
+                                 const StepShape& shape, uint64_t seed);
+
+}  // namespace poptorch::runtime

@@ -1,0 +1,45 @@
+"""PopTorch's error classes (see the user guide, "Error handling")."""
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+
+def _caller_location() -> str:
+    """file:line of the first frame outside poptorch."""
+    for frame in inspect.stack()[2:]:
+        if "/poptorch/" not in frame.filename.replace("\\", "/"):
+            return f"{frame.filename}:{frame.lineno}"
+    return ""
+
+
+class Error(RuntimeError):
+    """An error in the program or a misuse of the API.
+
+    Attributes: ``message`` (the message without context), ``type`` (the part of
+    the stack that raised it and its category) and ``location`` (where it was raised).
+    """
+
+    def __init__(self, message: str, type: str = "poptorch", location: Optional[str] = None):
+        self.message = message
+        self.type = type
+        self.location = location if location is not None else _caller_location()
+        super().__init__(message)
+
+
+class RecoverableError(Error):
+    """A transient runtime error; ``recovery_action`` says how to recover:
+    ``IPU_RESET``, ``PARTITION_RESET`` or ``FULL_RESET``."""
+
+    def __init__(self, message: str, recovery_action: str, type: str = "poplar_recoverable",
+                 location: Optional[str] = None):
+        super().__init__(message, type, location)
+        self.recovery_action = recovery_action
+
+
+class UnrecoverableError(Error):
+    """A runtime error that will persist: take the system out of operation."""
+
+    def __init__(self, message: str, type: str = "poplar_unrecoverable",
+                 location: Optional[str] = None):
+        super().__init__(message, type, location)

@@ -1,0 +1,383 @@
+"""PopTorch optimisers: ``SGD``, ``Adam``, ``AdamW``, ``RMSprop`` and ``LAMB``.
+
+They are torch optimisers (they also work on the CPU) with PopTorch's extra
+attributes: ``loss_scaling``, ``velocity_scaling`` (SGD), ``accum_type``,
+``first_order_momentum_accum_type``, ``second_order_momentum_accum_type``,
+``max_grad_norm`` and ``bias_correction`` (Adam/AdamW/LAMB), and
+``variable_attrs`` saying which attributes may change without recompiling.
+Attributes passed to the constructor are variables; the others are constants.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+
+import torch
+
+from ._errors import Error
+
+_EXTRA = ("loss_scaling", "velocity_scaling", "accum_type", "first_order_momentum_accum_type",
+          "second_order_momentum_accum_type", "max_grad_norm", "bias_correction",
+          "max_weight_norm", "use_combined_accum")
+
+
+class VariableAttributes:
+    """Which attributes of an optimiser are variables (they may change through
+    ``setOptimizer`` without recompiling) and which are constants (embedded in
+    the compiled program)."""
+
+    def __init__(self, variables: Iterable[str], attributes: Iterable[str]) -> None:
+        self._attributes = set(attributes)
+        self._variables: Set[str] = set(variables) & self._attributes
+
+    def _check(self, attr: str) -> None:
+        if attr not in self._attributes:
+            raise Error(f"unknown optimiser attribute {attr!r}: expected one of "
+                        f"{', '.join(sorted(self._attributes))}")
+
+    def isConstant(self, attr: str) -> bool:
+        self._check(attr)
+        return attr not in self._variables
+
+    def markAsConstant(self, attr: str) -> None:
+        self._check(attr)
+        self._variables.discard(attr)
+
+    def markAsVariable(self, attr: str) -> None:
+        self._check(attr)
+        self._variables.add(attr)
+
+    def __repr__(self) -> str:
+        return f"VariableAttributes(variables={sorted(self._variables)})"
+
+
+class _PopTorchOptimizer:
+    """What PopTorch adds to a torch optimiser."""
+
+    _attributes: Tuple[str, ...] = ()
+
+    def _setup_poptorch(self, passed: Dict[str, Any], **extras: Any) -> None:
+        for name, value in extras.items():
+            setattr(self, name, value)
+        self.variable_attrs = VariableAttributes(
+            [k for k, v in passed.items() if v is not None] + ["lr"], self._attributes)
+        self._poptorch_executor: Any = None  # set by trainingModel
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The optimiser state; read from the IPU when a trainingModel uses it."""
+        executor = self._poptorch_executor
+        if executor is not None and executor._device_optimizer is not None:
+            return executor._device_optimizer.state_dict()
+        return super().state_dict()  # type: ignore[misc]
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Loads optimiser state; written to the IPU when a trainingModel uses it."""
+        executor = self._poptorch_executor
+        if executor is not None and executor._device_optimizer is not None:
+            executor._device_optimizer.load_state_dict(state_dict)
+            return
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+
+
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _check_not_half_state(dtype: Optional[torch.dtype], name: str) -> None:
+    if dtype is not None and dtype not in (torch.float16, torch.float32):
+        raise Error(f"{name} must be torch.float16 or torch.float32, got {dtype}")
+
+
+class SGD(_PopTorchOptimizer, torch.optim.SGD):
+    """``torch.optim.SGD`` with ``loss_scaling``, ``velocity_scaling``,
+    ``use_combined_accum`` and ``max_grad_norm``."""
+
+    _attributes = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "loss_scaling",
+                   "velocity_scaling")
+
+    def __init__(self, params, lr: float, momentum: Optional[float] = None,
+                 dampening: Optional[float] = None, weight_decay: Optional[float] = None,
+                 nesterov: Optional[bool] = None, maximize: Optional[bool] = None,
+                 loss_scaling: Optional[float] = None, velocity_scaling: Optional[float] = None,
+                 use_combined_accum: Optional[bool] = None,
+                 max_grad_norm: Optional[float] = None) -> None:
+        if maximize:
+            raise Error("poptorch.optim.SGD does not support maximize=True: negate the loss")
+        super().__init__(params, lr=lr, momentum=_pick(momentum, 0.0),
+                         dampening=_pick(dampening, 0.0), weight_decay=_pick(weight_decay, 0.0),
+                         nesterov=_pick(nesterov, False))
+        self._setup_poptorch(
+            dict(momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                 nesterov=nesterov, loss_scaling=loss_scaling, velocity_scaling=velocity_scaling),
+            loss_scaling=_pick(loss_scaling, 1.0), velocity_scaling=_pick(velocity_scaling, 1.0),
+            use_combined_accum=_pick(use_combined_accum, False), max_grad_norm=max_grad_norm)
+
+
+class Adam(_PopTorchOptimizer, torch.optim.Adam):
+    """``torch.optim.Adam`` with ``loss_scaling``, accumulator types and
+    ``max_grad_norm``."""
+
+    _attributes = ("lr", "beta1", "beta2", "eps", "weight_decay", "loss_scaling")
+
+    def __init__(self, params, lr: Optional[float] = None,
+                 betas: Optional[Tuple[float, float]] = None, eps: Optional[float] = None,
+                 weight_decay: Optional[float] = None, amsgrad: Optional[bool] = None,
+                 loss_scaling: Optional[float] = None, accum_type: Optional[torch.dtype] = None,
+                 first_order_momentum_accum_type: Optional[torch.dtype] = None,
+                 second_order_momentum_accum_type: Optional[torch.dtype] = None,
+                 max_grad_norm: Optional[float] = None) -> None:
+        if amsgrad:
+            raise Error(f"poptorch.optim.{type(self).__name__} does not support amsgrad=True")
+        for dtype, name in ((accum_type, "accum_type"),
+                            (first_order_momentum_accum_type, "first_order_momentum_accum_type"),
+                            (second_order_momentum_accum_type, "second_order_momentum_accum_type")):
+            _check_not_half_state(dtype, name)
+        super().__init__(params, lr=_pick(lr, 1e-3), betas=_pick(betas, (0.9, 0.999)),
+                         eps=_pick(eps, 1e-8),
+                         weight_decay=_pick(weight_decay, self._default_weight_decay()))
+        betas_passed = betas is not None
+        self._setup_poptorch(
+            dict(lr=lr, beta1=betas if betas_passed else None,
+                 beta2=betas if betas_passed else None, eps=eps, weight_decay=weight_decay,
+                 loss_scaling=loss_scaling),
+            loss_scaling=_pick(loss_scaling, 1.0), accum_type=accum_type,
+            first_order_momentum_accum_type=first_order_momentum_accum_type,
+            second_order_momentum_accum_type=second_order_momentum_accum_type,
+            max_grad_norm=max_grad_norm, bias_correction=True)
+
+    @staticmethod
+    def _default_weight_decay() -> float:
+        return 0.0
+
+
+class AdamW(Adam, torch.optim.AdamW):  # type: ignore[misc]
+    """``torch.optim.AdamW`` with PopTorch's extra attributes and ``bias_correction``."""
+
+    def __init__(self, params, lr: Optional[float] = None,
+                 betas: Optional[Tuple[float, float]] = None, eps: Optional[float] = None,
+                 weight_decay: Optional[float] = None, amsgrad: Optional[bool] = None,
+                 loss_scaling: Optional[float] = None, bias_correction: Optional[bool] = None,
+                 accum_type: Optional[torch.dtype] = None,
+                 first_order_momentum_accum_type: Optional[torch.dtype] = None,
+                 second_order_momentum_accum_type: Optional[torch.dtype] = None,
+                 max_grad_norm: Optional[float] = None) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, loss_scaling, accum_type,
+                         first_order_momentum_accum_type, second_order_momentum_accum_type,
+                         max_grad_norm)
+        self.bias_correction = _pick(bias_correction, True)
+
+    @staticmethod
+    def _default_weight_decay() -> float:
+        return 1e-2
+
+
+class RMSprop(_PopTorchOptimizer, torch.optim.RMSprop):
+    """``torch.optim.RMSprop`` with ``loss_scaling``, accumulator types and
+    ``max_grad_norm``."""
+
+    _attributes = ("lr", "alpha", "eps", "weight_decay", "momentum", "loss_scaling")
+
+    def __init__(self, params, lr: Optional[float] = None, alpha: Optional[float] = None,
+                 eps: Optional[float] = None, weight_decay: Optional[float] = None,
+                 momentum: Optional[float] = None, centered: Optional[bool] = None,
+                 loss_scaling: Optional[float] = None, accum_type: Optional[torch.dtype] = None,
+                 first_order_momentum_accum_type: Optional[torch.dtype] = None,
+                 second_order_momentum_accum_type: Optional[torch.dtype] = None,
+                 max_grad_norm: Optional[float] = None) -> None:
+        super().__init__(params, lr=_pick(lr, 1e-2), alpha=_pick(alpha, 0.99),
+                         eps=_pick(eps, 1e-8), weight_decay=_pick(weight_decay, 0.0),
+                         momentum=_pick(momentum, 0.0), centered=_pick(centered, False))
+        self._setup_poptorch(
+            dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                 loss_scaling=loss_scaling),
+            loss_scaling=_pick(loss_scaling, 1.0), accum_type=accum_type,
+            first_order_momentum_accum_type=first_order_momentum_accum_type,
+            second_order_momentum_accum_type=second_order_momentum_accum_type,
+            max_grad_norm=max_grad_norm)
+
+
+class LAMB(_PopTorchOptimizer, torch.optim.Optimizer):
+    """Layer-wise Adaptive Moments (You et al., 2019), as PopTorch defines it:
+    Adam moments, then each update scaled by the trust ratio
+    ``min(||w||, max_weight_norm) / ||update||``."""
+
+    _attributes = ("lr", "beta1", "beta2", "eps", "weight_decay", "loss_scaling")
+
+    def __init__(self, params, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, bias_correction: bool = True,
+                 loss_scaling: Optional[float] = None, max_weight_norm: Optional[float] = None,
+                 accum_type: Optional[torch.dtype] = None,
+                 first_order_momentum_accum_type: Optional[torch.dtype] = None,
+                 second_order_momentum_accum_type: Optional[torch.dtype] = None,
+                 max_grad_norm: Optional[float] = None) -> None:
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self._setup_poptorch(
+            dict(lr=lr, beta1=betas, beta2=betas, eps=eps, weight_decay=weight_decay,
+                 loss_scaling=loss_scaling),
+            loss_scaling=_pick(loss_scaling, 1.0), max_weight_norm=max_weight_norm,
+            bias_correction=bias_correction, accum_type=accum_type,
+            first_order_momentum_accum_type=first_order_momentum_accum_type,
+            second_order_momentum_accum_type=second_order_momentum_accum_type,
+            max_grad_norm=max_grad_norm)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            hyper = group_hyperparameters("lamb", group)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(initial_state("lamb", p, self))
+                update_parameter("lamb", p, p.grad, state, hyper, self)
+        return loss
+
+
+# --- The update rules, on any device. ---------------------------------------
+# Hyper-parameters may be floats or 0-dim tensors: on the IPU the variable ones
+# are device tensors, so that a captured update replays with their new values.
+
+def algorithm_of(optimizer: torch.optim.Optimizer) -> str:
+    """The update rule an optimiser follows."""
+    for cls, name in ((LAMB, "lamb"), (torch.optim.AdamW, "adamw"), (torch.optim.Adam, "adam"),
+                      (torch.optim.SGD, "sgd"), (torch.optim.RMSprop, "rmsprop")):
+        if isinstance(optimizer, cls):
+            return name
+    raise Error(f"{type(optimizer).__name__} is not supported on the IPU: use poptorch.optim "
+                f"SGD, Adam, AdamW, RMSprop or LAMB (or their torch.optim counterparts)")
+
+
+def group_hyperparameters(algorithm: str, group: Dict[str, Any]) -> Dict[str, Any]:
+    """A param group's hyper-parameters under PopTorch's attribute names."""
+    hyper = {k: v for k, v in group.items() if k != "params"}
+    if "betas" in hyper:
+        hyper["beta1"], hyper["beta2"] = hyper.pop("betas")
+    for flag in ("maximize", "amsgrad"):
+        if hyper.get(flag):
+            raise Error(f"{flag}=True is not supported by PopTorch's {algorithm} optimiser")
+    return hyper
+
+
+def attribute_names(algorithm: str) -> Tuple[str, ...]:
+    return {"sgd": SGD._attributes, "adam": Adam._attributes, "adamw": Adam._attributes,
+            "rmsprop": RMSprop._attributes, "lamb": LAMB._attributes}[algorithm]
+
+
+def _state_dtype(optimizer: Any, attr: str, param: torch.Tensor) -> torch.dtype:
+    return getattr(optimizer, attr, None) or param.dtype
+
+
+def initial_state(algorithm: str, param: torch.Tensor, optimizer: Any) -> Dict[str, torch.Tensor]:
+    """Zeroed state for one parameter, on its device."""
+    first = _state_dtype(optimizer, "first_order_momentum_accum_type", param)
+    second = _state_dtype(optimizer, "second_order_momentum_accum_type", param)
+    zeros = lambda dtype: torch.zeros(param.shape, dtype=dtype, device=param.device)  # noqa: E731
+    step = torch.zeros((), dtype=torch.float32, device=param.device)
+    if algorithm == "sgd":
+        return {"momentum_buffer": zeros(first), "step": step}
+    if algorithm in ("adam", "adamw", "lamb"):
+        return {"exp_avg": zeros(first), "exp_avg_sq": zeros(second), "step": step}
+    return {"square_avg": zeros(second), "momentum_buffer": zeros(first),
+            "grad_avg": zeros(first), "step": step}
+
+
+def update_parameter(algorithm: str, p: torch.Tensor, grad: torch.Tensor,
+                     state: Dict[str, torch.Tensor], h: Dict[str, Any], optimizer: Any) -> None:
+    """One in-place update of parameter ``p`` from its (unscaled) gradient."""
+    step = state["step"]
+    step.add_(1)
+    g = grad.to(p.dtype)
+    if algorithm == "sgd":
+        _sgd(p, g, state, h, getattr(optimizer, "velocity_scaling", 1.0))
+    elif algorithm in ("adam", "adamw"):
+        _adam(p, g, state, h, decoupled=algorithm == "adamw",
+              bias_correction=getattr(optimizer, "bias_correction", True))
+    elif algorithm == "rmsprop":
+        _rmsprop(p, g, state, h)
+    else:
+        _lamb(p, g, state, h, optimizer)
+
+
+def _sgd(p, g, state, h, velocity_scaling) -> None:
+    if not _is_zero(h["weight_decay"]):
+        g = g + p * h["weight_decay"]
+    if not _is_zero(h["momentum"]):
+        buf = state["momentum_buffer"]
+        # torch starts the buffer at the first gradient, undamped.
+        damped = g * (1 - h["dampening"]) if not _is_zero(h["dampening"]) else g
+        first = state["step"] == 1
+        new = torch.where(first, g, buf.float() / velocity_scaling * h["momentum"] + damped)
+        buf.copy_(new * velocity_scaling)
+        g = g + new * h["momentum"] if h["nesterov"] else new
+    p.sub_(g * h["lr"])
+
+
+def _adam(p, g, state, h, decoupled: bool, bias_correction: bool) -> None:
+    if decoupled:
+        p.mul_(1 - h["lr"] * h["weight_decay"])
+    elif not _is_zero(h["weight_decay"]):
+        g = g + p * h["weight_decay"]
+    exp_avg, exp_avg_sq, step = state["exp_avg"], state["exp_avg_sq"], state["step"]
+    exp_avg.copy_(exp_avg.float() + (g - exp_avg.float()) * (1 - h["beta1"]))
+    exp_avg_sq.copy_(exp_avg_sq.float() * h["beta2"] + g * g * (1 - h["beta2"]))
+    if bias_correction:
+        correction1 = 1 - torch.pow(h["beta1"], step)
+        correction2_sqrt = torch.sqrt(1 - torch.pow(h["beta2"], step))
+    else:
+        correction1, correction2_sqrt = 1.0, 1.0
+    denom = exp_avg_sq.float().sqrt() / correction2_sqrt + h["eps"]
+    p.sub_(exp_avg.float() / denom * (h["lr"] / correction1))
+
+
+def _rmsprop(p, g, state, h) -> None:
+    if not _is_zero(h["weight_decay"]):
+        g = g + p * h["weight_decay"]
+    square_avg = state["square_avg"]
+    square_avg.copy_(square_avg.float() * h["alpha"] + g * g * (1 - h["alpha"]))
+    if h["centered"]:
+        grad_avg = state["grad_avg"]
+        grad_avg.copy_(grad_avg.float() + (g - grad_avg.float()) * (1 - h["alpha"]))
+        avg = (square_avg.float() - grad_avg.float() * grad_avg.float()).sqrt() + h["eps"]
+    else:
+        avg = square_avg.float().sqrt() + h["eps"]
+    if not _is_zero(h["momentum"]):
+        buf = state["momentum_buffer"]
+        buf.copy_(buf.float() * h["momentum"] + g / avg)
+        p.sub_(buf.float() * h["lr"])
+    else:
+        p.sub_(g / avg * h["lr"])
+
+
+def _lamb(p, g, state, h, optimizer) -> None:
+    exp_avg, exp_avg_sq, step = state["exp_avg"], state["exp_avg_sq"], state["step"]
+    exp_avg.copy_(exp_avg.float() * h["beta1"] + g * (1 - h["beta1"]))
+    exp_avg_sq.copy_(exp_avg_sq.float() * h["beta2"] + g * g * (1 - h["beta2"]))
+    m, v = exp_avg.float(), exp_avg_sq.float()
+    if getattr(optimizer, "bias_correction", True):
+        m = m / (1 - torch.pow(h["beta1"], step))
+        v = v / (1 - torch.pow(h["beta2"], step))
+    update = m / (v.sqrt() + h["eps"]) + p * h["weight_decay"]
+    weight_norm = p.norm()
+    max_weight_norm = getattr(optimizer, "max_weight_norm", None)
+    if max_weight_norm is not None:
+        weight_norm = weight_norm.clamp(max=max_weight_norm)
+    update_norm = update.norm()
+    trust = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm,
+                        torch.ones_like(weight_norm))
+    p.sub_(update * (trust * h["lr"]))
+
+
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, (int, float)) and value == 0
+
+
+def clip_gradients(grads: List[torch.Tensor], max_norm: float) -> List[torch.Tensor]:
+    """Scales gradients so that their global norm is at most ``max_norm``
+    (as ``torch.nn.utils.clip_grad_norm_``)."""
+    total = torch.sqrt(sum((g.float() * g.float()).sum() for g in grads))
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    return [g * coefficient for g in grads]
+
+
+__all__ = ["SGD", "Adam", "AdamW", "RMSprop", "LAMB", "VariableAttributes"]
