@@ -111,7 +111,7 @@ class DeviceOptimizer:
         for (index, name), value in new.items():
             target = self.loss_scaling if index < 0 else self.groups[index][1].get(name)
             if isinstance(target, torch.Tensor):
-                target.fill_(float(value))
+                target.copy_(torch.tensor(float(value)))  # a direct upload, no graph
             elif value != self._compiled_values.get((index, name)):
                 raise Error(f"setOptimizer: '{name}' is a constant of the compiled optimiser "
                             f"(was {self._compiled_values.get((index, name))}, now {value}). "

@@ -7,16 +7,16 @@ one set of device weights (training updates are seen by inference at once).
 """
 from __future__ import annotations
 
-import weakref
 from typing import Dict, List, Set
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _C
 
 # host tensor -> its device copy, shared by every executor using that tensor.
-_DEVICE_COPIES: "weakref.WeakKeyDictionary[torch.Tensor, torch.Tensor]" = weakref.WeakKeyDictionary()
-_USERS: "weakref.WeakKeyDictionary[torch.Tensor, Set[int]]" = weakref.WeakKeyDictionary()
+_DEVICE_COPIES = WeakIdKeyDictionary()
+_USERS = WeakIdKeyDictionary()  # host tensor -> ids of the executors using its device copy
 
 
 def _aliases(host: torch.Tensor, device: torch.Tensor) -> bool:
@@ -75,7 +75,8 @@ class DeviceState:
         for name, host in self.host.items():
             device = self.tensors[name]
             if not _aliases(host, device):
-                device.copy_(host.detach())
+                with torch.no_grad():
+                    device.copy_(host.detach())
                 _C.synchronize()
                 host.data = _C.host_alias(device)
 
