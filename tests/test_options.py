@@ -1,0 +1,325 @@
+"""poptorch.Options: defaults, chaining, validation, config files, ignored options."""
+import copy
+import logging
+import pickle
+
+import pytest
+import torch
+
+from poptorch._errors import Error
+from poptorch._logging import logger
+from poptorch.options import (_NOT_HONOURED, ConnectionType, HalfFloatCastingBehavior, Options,
+                              OutputMode, ReductionType, SyncPattern, TensorLocationSettings)
+
+
+@pytest.fixture
+def log(caplog, monkeypatch):
+    """Records of the "poptorch" logger (which does not propagate by default)."""
+    monkeypatch.setattr(logger, "propagate", True)
+    caplog.set_level(logging.INFO, logger="poptorch")
+    return caplog
+
+
+@pytest.fixture(autouse=True)
+def _no_environment_defaults(monkeypatch):
+    for name in ("POPTORCH_CACHE_DIR", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults():
+    opts = Options()
+    assert (opts.device_iterations, opts.replication_factor) == (1, 1)
+    assert opts.output_mode is OutputMode.Default and opts.output_return_period == 1
+    assert opts.random_seed is None and opts.executable_cache_dir is None
+    assert opts.use_ipu_model is True and opts.auto_round_num_ipus is False
+    assert opts.Training.gradient_accumulation == 1
+    assert opts.Training.accumulation_and_replication_reduction_type is ReductionType.Mean
+    assert (opts.Distributed.process_id, opts.Distributed.num_processes) == (0, 1)
+    assert opts.Precision.half_float_casting is HalfFloatCastingBehavior.Default
+    assert repr(opts) == "Options()"
+
+
+def test_setters_chain_and_store():
+    opts = Options()
+    assert opts.deviceIterations(4).replicationFactor(2).randomSeed(7) is opts
+    assert opts.Training.gradientAccumulation(3).accumulationAndReplicationReductionType(
+        ReductionType.Sum) is opts.Training
+    assert opts.Precision.enableStochasticRounding(True).autocastEnabled(True) is opts.Precision
+    assert (opts.device_iterations, opts.replication_factor, opts.random_seed) == (4, 2, 7)
+    assert opts.Training.gradient_accumulation == 3
+    assert opts.Training.accumulation_and_replication_reduction_type is ReductionType.Sum
+    assert opts.Precision.stochastic_rounding and opts.Precision.autocast_enabled
+
+
+def test_properties_are_read_only():
+    with pytest.raises(AttributeError, match="read-only"):
+        Options().device_iterations = 4
+
+
+def test_groups_are_independent_between_instances():
+    first, second = Options(), Options()
+    first.Training.gradientAccumulation(5)
+    assert second.Training.gradient_accumulation == 1
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda o: o.deviceIterations(0), r"deviceIterations\(0\).*deviceIterations\(1\) or more"),
+    (lambda o: o.replicationFactor(-2), r"replicationFactor\(-2\).*replicationFactor\(1\)"),
+    (lambda o: o.Training.gradientAccumulation(0), r"Training.gradientAccumulation\(1\)"),
+    (lambda o: o.deviceIterations(2.0), "deviceIterations takes an integer.*float"),
+    (lambda o: o.deviceIterations(True), "deviceIterations takes an integer.*bool"),
+    (lambda o: o.randomSeed(-1), r"randomSeed\(-1\)"),
+    (lambda o: o.randomSeed(2**64), "below 2\\*\\*64"),
+    (lambda o: o.useIpuModel("yes"), "useIpuModel takes True or False"),
+    (lambda o: o.outputMode("All"), "outputMode takes one of OutputMode.All"),
+    (lambda o: o.outputMode(2), "outputMode takes one of"),
+    (lambda o: o.enableExecutableCaching(""), "enableExecutableCaching takes a non-empty"),
+    (lambda o: o.Training.accumulationAndReplicationReductionType("Sum"), "ReductionType.Mean"),
+    (lambda o: o.TensorLocations.setWeightLocation({}), "TensorLocationSettings"),
+    (lambda o: o.Precision.setPartialsType(torch.int32), "torch.float32 or torch.float16"),
+    (lambda o: o.Distributed.configureProcessId(2, 2), "less than the number of processes"),
+    (lambda o: o.Distributed.configureProcessId(0, 0), "the number of processes"),
+    (lambda o: o.connectionType("Always"), "ConnectionType.OnDemand"),
+])
+def test_invalid_values_raise_error(call, message):
+    opts = Options()
+    before = opts.toDict()
+    with pytest.raises(Error, match=message):
+        call(opts)
+    assert opts.toDict() == before, "a rejected value must not be stored"
+
+
+def test_error_is_a_runtime_error():
+    with pytest.raises(RuntimeError):
+        Options().deviceIterations(0)
+
+
+def test_output_mode_every_n_needs_a_positive_period():
+    opts = Options()
+    with pytest.raises(Error, match="needs output_return_period"):
+        opts.outputMode(OutputMode.EveryN)
+    with pytest.raises(Error, match="output_return_period must be at least 1"):
+        opts.outputMode(OutputMode.EveryN, 0)
+    opts.outputMode(OutputMode.EveryN, 3)
+    assert (opts.output_mode, opts.output_return_period) == (OutputMode.EveryN, 3)
+
+
+@pytest.mark.parametrize("mode", [OutputMode.All, OutputMode.Final, OutputMode.Sum,
+                                  OutputMode.Default])
+def test_other_output_modes_take_no_period(mode):
+    opts = Options().outputMode(OutputMode.EveryN, 4)
+    with pytest.raises(Error, match="only used with OutputMode.EveryN"):
+        opts.outputMode(mode, 2)
+    opts.outputMode(mode)
+    assert (opts.output_mode, opts.output_return_period) == (mode, 1)
+
+
+def test_cache_dir_defaults_to_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("POPTORCH_CACHE_DIR", str(tmp_path))
+    opts = Options()
+    assert opts.executable_cache_dir == str(tmp_path)
+    assert opts.enableExecutableCaching(tmp_path / "other").executable_cache_dir == \
+        str(tmp_path / "other")
+    assert opts.enableExecutableCaching(None).executable_cache_dir is None
+
+
+def test_distributed_defaults_from_mpi_environment(monkeypatch):
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    distributed = Options().Distributed
+    assert (distributed.process_id, distributed.num_processes) == (2, 4)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "four")
+    with pytest.raises(Error, match="OMPI_COMM_WORLD_SIZE"):
+        Options()
+
+
+def test_tensor_location_settings():
+    settings = TensorLocationSettings()
+    assert settings.useOnChipStorage(False).minElementsForOffChip(128) is settings
+    assert settings.useReplicatedTensorSharding(True).useIOTilesToLoad(True) is settings
+    assert settings.minElementsForReplicatedTensorSharding(64) is settings
+    assert settings.toDict() == {"on_chip": False, "replicated_tensor_sharding": True,
+                                 "min_elements_for_off_chip": 128,
+                                 "min_elements_for_replicated_tensor_sharding": 64,
+                                 "io_tiles_to_load": True}
+    with pytest.raises(Error, match="minElementsForOffChip"):
+        settings.minElementsForOffChip(-1)
+    opts = Options()
+    opts.TensorLocations.setWeightLocation(settings)
+    assert opts.TensorLocations.weight_location is settings
+    assert opts.toDict()["TensorLocations.weight_location"] == settings.toDict()
+
+
+def test_to_dict_holds_every_value_and_tracks_changes():
+    opts = Options()
+    values = opts.toDict()
+    assert type(values) is dict
+    assert values["device_iterations"] == 1 and values["Training.gradient_accumulation"] == 1
+    assert values["Distributed.num_processes"] == 1 and "Jit.trace_model" in values
+    assert values == Options().toDict()
+    opts.Training.gradientAccumulation(2)
+    assert opts.toDict() != values
+    assert opts.toDict()["Training.gradient_accumulation"] == 2
+
+
+def test_repr_lists_the_set_options():
+    opts = Options().deviceIterations(3).outputMode(OutputMode.All)
+    opts.Training.gradientAccumulation(2)
+    assert repr(opts) == ("Options(device_iterations=3, output_mode=OutputMode.All, "
+                          "Training.gradient_accumulation=2)")
+
+
+def test_options_copy_and_pickle():
+    opts = Options().deviceIterations(5)
+    opts.Precision.halfFloatCasting(HalfFloatCastingBehavior.HalfUpcastToFloat)
+    for clone in (copy.deepcopy(opts), pickle.loads(pickle.dumps(opts))):
+        assert clone.toDict() == opts.toDict()
+        clone.deviceIterations(1)
+        assert opts.device_iterations == 5
+
+
+# --- config files -----------------------------------------------------------
+
+def write_config(tmp_path, *lines):
+    path = tmp_path / "poptorch.conf"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_load_from_file(tmp_path):
+    path = write_config(
+        tmp_path,
+        "# a comment",
+        "deviceIterations(4)",
+        "",
+        "   replicationFactor(2)  ",
+        "Training.gradientAccumulation(8)",
+        "Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Sum)",
+        "outputMode(OutputMode.EveryN, output_return_period=2)",
+        "Precision.halfFloatCasting(poptorch.options.HalfFloatCastingBehavior.HalfUpcastToFloat)",
+        "Precision.setPartialsType(torch.float16)",
+        "enableExecutableCaching('/tmp/cache')",
+        "randomSeed(42)",
+        "Distributed.configureProcessId(1, 2)",
+        "connectionType(ConnectionType.OnDemand)",
+    )
+    opts = Options()
+    assert opts.loadFromFile(path) is opts
+    assert (opts.device_iterations, opts.replication_factor, opts.random_seed) == (4, 2, 42)
+    assert opts.Training.gradient_accumulation == 8
+    assert opts.Training.accumulation_and_replication_reduction_type is ReductionType.Sum
+    assert (opts.output_mode, opts.output_return_period) == (OutputMode.EveryN, 2)
+    assert opts.Precision.half_float_casting is HalfFloatCastingBehavior.HalfUpcastToFloat
+    assert opts.Precision.partials_type is torch.float16
+    assert opts.executable_cache_dir == "/tmp/cache"
+    assert (opts.Distributed.process_id, opts.Distributed.num_processes) == (1, 2)
+    assert opts.connection_type is ConnectionType.OnDemand
+
+
+def test_load_from_file_does_not_run_code(tmp_path):
+    marker = tmp_path / "pwned"
+    path = write_config(tmp_path, f"__import__('os').system('touch {marker}')")
+    with pytest.raises(Error, match=r"poptorch.conf:1: .*expected one option setter call"):
+        Options().loadFromFile(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("line, message", [
+    ("deviceIterations(0)", r"deviceIterations\(0\) is invalid"),
+    ("deviceIterations(n)", "'n' is not a literal"),
+    ("deviceIterations(1", "not a Python expression"),
+    ("deviceIterations = 4", "not a Python expression"),
+    ("deviceIterations(1, 2)", "wrong arguments for deviceIterations"),
+    ("deviceIterations(*[4])", "is not a literal"),
+    ("deviceIterations(**{'device_iterations': 4})", r"\*\* arguments"),
+    ("deviceIterations(int('4'))", "is not a literal"),
+    ("options.deviceIterations(4)", "expected one option setter call"),
+    ("deviceIterations(4).replicationFactor(2)", "expected one option setter call"),
+    ("Training.__class__(4)", "is not an option setter"),
+    ("_set('device_iterations', 4)", "is not an option setter"),
+    ("toDict()", "is not an option setter"),
+    ("loadFromFile('poptorch.conf')", "is not an option setter"),
+    ("device_iterations(4)", "is not an option setter"),
+    ("Unknown.deviceIterations(4)", "expected one option setter call"),
+    ("noSuchOption(4)", "is not an option setter"),
+    ("outputMode(OutputMode.Nope)", "'OutputMode.Nope' is not a literal or a member"),
+    ("outputMode(os.system)", "'os.system' is not a literal"),
+    ("setExecutionStrategy(poptorch.ShardedExecution())", "is not a literal"),
+    ("Precision.setPartialsType(torch.nn)", "'torch.nn' is not a literal"),
+])
+def test_a_bad_line_names_file_line_and_problem(tmp_path, line, message):
+    path = write_config(tmp_path, "# options", "deviceIterations(2)", line)
+    with pytest.raises(Error, match=rf"poptorch\.conf:3: .*{message}"):
+        Options().loadFromFile(path)
+
+
+# --- options the emulator does not honour -----------------------------------
+
+def messages(log):
+    return [r.getMessage() for r in log.records if r.name == "poptorch"]
+
+
+@pytest.mark.parametrize("call, stored, logged", [
+    (lambda o: o.useIpuModel(False), ("use_ipu_model", False), "useIpuModel(False)"),
+    (lambda o: o.autoRoundNumIPUs(True), ("auto_round_num_ipus", True), "autoRoundNumIPUs(True)"),
+    (lambda o: o.ipuId(3), ("ipu_id", 3), "ipuId(3)"),
+    (lambda o: o.connectionType(ConnectionType.Never), ("connection_type", ConnectionType.Never),
+     "connectionType(ConnectionType.Never)"),
+    (lambda o: o.syncPattern(SyncPattern.SinglePipeline),
+     ("sync_pattern", SyncPattern.SinglePipeline), "syncPattern(SyncPattern.SinglePipeline)"),
+    (lambda o: o.enableProfiling("reports"), ("profile_dir", "reports"), "enableProfiling"),
+    (lambda o: o.logDir("logs"), ("log_dir", "logs"), "logDir('logs')"),
+    (lambda o: o.enableSyntheticData(True), ("synthetic_data", True), "enableSyntheticData"),
+    (lambda o: o.broadcastBuffers(False), ("broadcast_buffers", False), "broadcastBuffers"),
+    (lambda o: o.anchorTensor("grad", "Gradient___x"),
+     ("anchored_tensors", (("grad", "Gradient___x", None, None),)), "anchorTensor"),
+    (lambda o: o.setExecutionStrategy("sharded"), ("execution_strategy", "sharded"),
+     "setExecutionStrategy"),
+    (lambda o: o.Training.setAutomaticLossScaling(True),
+     ("Training.automatic_loss_scaling", True), "Training.setAutomaticLossScaling(True)"),
+    (lambda o: o.Precision.enableStochasticRounding(True),
+     ("Precision.stochastic_rounding", True), "Precision.enableStochasticRounding(True)"),
+    (lambda o: o.Precision.halfFloatCasting(HalfFloatCastingBehavior.FloatDowncastToHalf),
+     ("Precision.half_float_casting", HalfFloatCastingBehavior.FloatDowncastToHalf),
+     "HalfFloatCastingBehavior.FloatDowncastToHalf"),
+    (lambda o: o.TensorLocations.setActivationLocation(TensorLocationSettings()),
+     ("TensorLocations.activation_location", TensorLocationSettings().toDict()),
+     "TensorLocations.setActivationLocation"),
+    (lambda o: o.Jit.traceModel(True), ("Jit.trace_model", True), "Jit.traceModel(True)"),
+    (lambda o: o.Distributed.configureProcessId(1, 2), ("Distributed.num_processes", 2),
+     "Distributed.configureProcessId(1, 2)"),
+])
+def test_an_ignored_option_is_stored_and_logged_once(log, call, stored, logged):
+    opts = Options()
+    call(opts)
+    key, value = stored
+    assert opts.toDict()[key] == value
+    lines = messages(log)
+    assert len(lines) == 1, lines
+    assert logged in lines[0] and "the emulated IPU Model ignores it" in lines[0]
+    assert all(r.levelno == logging.INFO for r in log.records)
+
+
+@pytest.mark.parametrize("call", [
+    lambda o: o.useIpuModel(True),
+    lambda o: o.enableSyntheticData(False),
+    lambda o: o.Precision.enableStochasticRounding(False),
+    lambda o: o.Precision.halfFloatCasting(HalfFloatCastingBehavior.HalfUpcastToFloat),
+    lambda o: o.Distributed.configureProcessId(0, 1),
+    lambda o: o.deviceIterations(4).replicationFactor(2).randomSeed(1),
+    lambda o: o.Training.gradientAccumulation(4),
+    lambda o: o.outputMode(OutputMode.All),
+])
+def test_what_the_emulator_does_is_not_logged(log, call):
+    call(Options())
+    assert messages(log) == []
+
+
+def test_every_not_honoured_entry_names_a_setter():
+    opts = Options()
+    for option in _NOT_HONOURED:
+        target = opts
+        *groups, method = option.split(".")
+        for group in groups:
+            target = getattr(target, group)
+        assert callable(getattr(target, method)), option
