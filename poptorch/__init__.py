@@ -13,6 +13,7 @@ import torch
 from . import _C
 from . import _device_module
 from . import optim
+from ._dataloader import AsynchronousDataAccessor, DataLoader, DataLoaderMode
 from ._errors import Error, RecoverableError, UnrecoverableError
 from ._executor import PoplarExecutor, inferenceModel, trainingModel
 from ._logging import logger, setLogLevel
@@ -54,7 +55,7 @@ def ipuHardwareVersion() -> str:
 
 
 __all__ = [
-    "Error", "HalfFloatCastingBehavior", "Options", "OutputMode", "PoplarExecutor",
+    "AsynchronousDataAccessor", "DataLoader", "DataLoaderMode", "Error", "HalfFloatCastingBehavior", "Options", "OutputMode", "PoplarExecutor",
     "RecoverableError", "ReductionType", "TensorLocationSettings", "UnrecoverableError",
     "identity_loss", "inferenceModel", "ipuHardwareIsAvailable", "ipuHardwareVersion",
     "isRunningOnIpu", "logger", "metrics", "optim", "reset_metrics", "setLogLevel",
