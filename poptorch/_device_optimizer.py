@@ -85,12 +85,15 @@ class DeviceOptimizer:
         (times ``reduction``, e.g. 1 / micro-batches for mean), then clears
         the accumulators."""
         with torch.no_grad():
-            grads = {key: acc.float() * reduction / self.loss_scaling
+            # The accumulators serve as the gradients' scratch space: they are
+            # cleared after the update anyway.
+            grads = {key: acc if acc.dtype == torch.float32 else acc.float()
                      for key, acc in accumulators.items()}
+            factor = reduction / self.loss_scaling  # a float, or a 0-dim tensor if variable
+            for g in grads.values():
+                popoptim.scale_(g, factor)
             if self.max_grad_norm is not None:
-                keys = list(grads)
-                clipped = popoptim.clip_gradients([grads[k] for k in keys], self.max_grad_norm)
-                grads = dict(zip(keys, clipped))
+                popoptim.clip_gradients_(list(grads.values()), self.max_grad_norm)
             for params, hyper in self.groups:
                 for p in params:
                     popoptim.update_parameter(self.algorithm, p, grads[id(p)], self.state[id(p)],

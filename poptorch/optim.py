@@ -230,7 +230,7 @@ class LAMB(_PopTorchOptimizer, torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state.update(initial_state("lamb", p, self))
-                update_parameter("lamb", p, p.grad, state, hyper, self)
+                update_parameter("lamb", p, p.grad.clone(), state, hyper, self)
         return loss
 
 
@@ -282,12 +282,11 @@ def initial_state(algorithm: str, param: torch.Tensor, optimizer: Any) -> Dict[s
             "grad_avg": zeros(first), "step": step}
 
 
-def update_parameter(algorithm: str, p: torch.Tensor, grad: torch.Tensor,
+def update_parameter(algorithm: str, p: torch.Tensor, g: torch.Tensor,
                      state: Dict[str, torch.Tensor], h: Dict[str, Any], optimizer: Any) -> None:
-    """One in-place update of parameter ``p`` from its (unscaled) gradient."""
-    step = state["step"]
-    step.add_(1)
-    g = grad.to(p.dtype)
+    """One in-place update of parameter ``p`` from its (unscaled) gradient.
+    ``g`` is scratch: the update may overwrite it."""
+    state["step"].add_(1)
     if algorithm == "sgd":
         _sgd(p, g, state, h, getattr(optimizer, "velocity_scaling", 1.0))
     elif algorithm in ("adam", "adamw"):
@@ -299,85 +298,123 @@ def update_parameter(algorithm: str, p: torch.Tensor, grad: torch.Tensor,
         _lamb(p, g, state, h, optimizer)
 
 
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, (int, float)) and value == 0
+
+
+def _is_one(value: Any) -> bool:
+    return isinstance(value, (int, float)) and value == 1
+
+
+def scale_(t: torch.Tensor, factor: Any) -> None:
+    """t *= factor (a float or a 0-dim tensor), in one pass, or none for 1."""
+    if not _is_one(factor):
+        t.mul_(factor)
+
+
+def _axpy_(y: torch.Tensor, x: torch.Tensor, a: Any) -> None:
+    """y += a * x in one pass; ``a`` is a float or a 0-dim tensor."""
+    if isinstance(a, torch.Tensor):
+        y.addcmul_(x, a)
+    elif a != 0:
+        y.add_(x, alpha=a)
+
+
 def _sgd(p, g, state, h, velocity_scaling) -> None:
     if not _is_zero(h["weight_decay"]):
-        g = g + p * h["weight_decay"]
-    if not _is_zero(h["momentum"]):
-        buf = state["momentum_buffer"]
-        # torch starts the buffer at the first gradient, undamped.
-        damped = g * (1 - h["dampening"]) if not _is_zero(h["dampening"]) else g
-        first = state["step"] == 1
-        new = torch.where(first, g, buf.float() / velocity_scaling * h["momentum"] + damped)
-        buf.copy_(new * velocity_scaling)
-        g = g + new * h["momentum"] if h["nesterov"] else new
-    p.sub_(g * h["lr"])
+        _axpy_(g, p, h["weight_decay"])
+    lr, momentum = h["lr"], h["momentum"]
+    if _is_zero(momentum):
+        _axpy_(p, g, -lr)
+        return
+    # The buffer holds velocity x velocity_scaling. torch starts it at the first
+    # gradient, undamped: the zero-initialised buffer then needs no dampening.
+    buf = state["momentum_buffer"]
+    damping = 1 - h["dampening"]
+    if not _is_zero(h["dampening"]):
+        damping = torch.where(state["step"] == 1, 1.0, damping)
+    buf.mul_(momentum)
+    _axpy_(buf, g, damping * velocity_scaling if not _is_one(damping) else velocity_scaling)
+    if h["nesterov"]:
+        _axpy_(g, buf, momentum / velocity_scaling)
+        _axpy_(p, g, -lr)
+    else:
+        _axpy_(p, buf, -lr / velocity_scaling)
 
 
 def _adam(p, g, state, h, decoupled: bool, bias_correction: bool) -> None:
-    if decoupled:
-        p.mul_(1 - h["lr"] * h["weight_decay"])
-    elif not _is_zero(h["weight_decay"]):
-        g = g + p * h["weight_decay"]
+    lr = h["lr"]
+    if decoupled and not _is_zero(h["weight_decay"]):
+        p.mul_(1 - lr * h["weight_decay"])
+    elif not decoupled and not _is_zero(h["weight_decay"]):
+        _axpy_(g, p, h["weight_decay"])
     exp_avg, exp_avg_sq, step = state["exp_avg"], state["exp_avg_sq"], state["step"]
-    exp_avg.copy_(exp_avg.float() + (g - exp_avg.float()) * (1 - h["beta1"]))
-    exp_avg_sq.copy_(exp_avg_sq.float() * h["beta2"] + g * g * (1 - h["beta2"]))
+    exp_avg.lerp_(g.to(exp_avg.dtype), 1 - h["beta1"])
+    exp_avg_sq.mul_(h["beta2"])
+    _axpy_(exp_avg_sq, g.mul_(g).to(exp_avg_sq.dtype), 1 - h["beta2"])
+    denom = exp_avg_sq.sqrt()
+    step_size = lr
     if bias_correction:
-        correction1 = 1 - torch.pow(h["beta1"], step)
-        correction2_sqrt = torch.sqrt(1 - torch.pow(h["beta2"], step))
-    else:
-        correction1, correction2_sqrt = 1.0, 1.0
-    denom = exp_avg_sq.float().sqrt() / correction2_sqrt + h["eps"]
-    p.sub_(exp_avg.float() / denom * (h["lr"] / correction1))
+        denom.div_(torch.sqrt(1 - torch.pow(h["beta2"], step)))
+        step_size = lr / (1 - torch.pow(h["beta1"], step))
+    denom.add_(h["eps"])
+    # p -= step_size * exp_avg / denom, with step_size possibly a tensor.
+    p.addcdiv_(exp_avg, denom.div_(-step_size) if isinstance(step_size, torch.Tensor)
+               else denom, value=1 if isinstance(step_size, torch.Tensor) else -step_size)
 
 
 def _rmsprop(p, g, state, h) -> None:
     if not _is_zero(h["weight_decay"]):
-        g = g + p * h["weight_decay"]
+        _axpy_(g, p, h["weight_decay"])
     square_avg = state["square_avg"]
-    square_avg.copy_(square_avg.float() * h["alpha"] + g * g * (1 - h["alpha"]))
+    square_avg.mul_(h["alpha"])
+    _axpy_(square_avg, (g * g).to(square_avg.dtype), 1 - h["alpha"])
     if h["centered"]:
         grad_avg = state["grad_avg"]
-        grad_avg.copy_(grad_avg.float() + (g - grad_avg.float()) * (1 - h["alpha"]))
-        avg = (square_avg.float() - grad_avg.float() * grad_avg.float()).sqrt() + h["eps"]
+        grad_avg.lerp_(g.to(grad_avg.dtype), 1 - h["alpha"])
+        avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
     else:
-        avg = square_avg.float().sqrt() + h["eps"]
+        avg = square_avg.sqrt()
+    avg.add_(h["eps"])
     if not _is_zero(h["momentum"]):
         buf = state["momentum_buffer"]
-        buf.copy_(buf.float() * h["momentum"] + g / avg)
-        p.sub_(buf.float() * h["lr"])
+        buf.mul_(h["momentum"]).addcdiv_(g, avg)
+        _axpy_(p, buf, -h["lr"])
     else:
-        p.sub_(g / avg * h["lr"])
+        _axpy_(p, g.div_(avg), -h["lr"])
 
 
 def _lamb(p, g, state, h, optimizer) -> None:
     exp_avg, exp_avg_sq, step = state["exp_avg"], state["exp_avg_sq"], state["step"]
-    exp_avg.copy_(exp_avg.float() * h["beta1"] + g * (1 - h["beta1"]))
-    exp_avg_sq.copy_(exp_avg_sq.float() * h["beta2"] + g * g * (1 - h["beta2"]))
-    m, v = exp_avg.float(), exp_avg_sq.float()
+    exp_avg.mul_(h["beta1"])
+    _axpy_(exp_avg, g.to(exp_avg.dtype), 1 - h["beta1"])
+    exp_avg_sq.mul_(h["beta2"])
+    _axpy_(exp_avg_sq, g.mul_(g).to(exp_avg_sq.dtype), 1 - h["beta2"])
+    update = exp_avg_sq.sqrt()
     if getattr(optimizer, "bias_correction", True):
-        m = m / (1 - torch.pow(h["beta1"], step))
-        v = v / (1 - torch.pow(h["beta2"], step))
-    update = m / (v.sqrt() + h["eps"]) + p * h["weight_decay"]
+        update.div_(torch.sqrt(1 - torch.pow(h["beta2"], step)))
+        update.add_(h["eps"])
+        update = exp_avg / update
+        update.div_(1 - torch.pow(h["beta1"], step))
+    else:
+        update = exp_avg / update.add_(h["eps"])
+    _axpy_(update, p, h["weight_decay"])
     weight_norm = p.norm()
     max_weight_norm = getattr(optimizer, "max_weight_norm", None)
     if max_weight_norm is not None:
         weight_norm = weight_norm.clamp(max=max_weight_norm)
     update_norm = update.norm()
-    trust = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm,
-                        torch.ones_like(weight_norm))
-    p.sub_(update * (trust * h["lr"]))
+    trust = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, 1.0)
+    _axpy_(p, update, -(trust * h["lr"]))
 
 
-def _is_zero(value: Any) -> bool:
-    return isinstance(value, (int, float)) and value == 0
-
-
-def clip_gradients(grads: List[torch.Tensor], max_norm: float) -> List[torch.Tensor]:
-    """Scales gradients so that their global norm is at most ``max_norm``
-    (as ``torch.nn.utils.clip_grad_norm_``)."""
+def clip_gradients_(grads: List[torch.Tensor], max_norm: float) -> None:
+    """Scales gradients in place so that their global norm is at most
+    ``max_norm`` (as ``torch.nn.utils.clip_grad_norm_``)."""
     total = torch.sqrt(sum((g.float() * g.float()).sum() for g in grads))
     coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    return [g * coefficient for g in grads]
+    for g in grads:
+        g.mul_(coefficient)
 
 
 __all__ = ["SGD", "Adam", "AdamW", "RMSprop", "LAMB", "VariableAttributes"]
