@@ -115,3 +115,32 @@ def test_host_scalars_are_snapshotted_at_capture():
     y = torch.ones(2, device="ipu") * s
     s.fill_(10.0)
     assert y.tolist() == [2.0, 2.0]
+
+
+def test_meta_results_are_cached_by_signature():
+    x = torch.randn(7, 5, device="ipu")
+    (x * 2).relu().sum(0).cpu()
+    size = poptorch._C.meta_cache_size()
+    (x * 2).relu().sum(0).cpu()
+    assert poptorch._C.meta_cache_size() == size
+    (torch.randn(3, 5, device="ipu") * 2).relu().sum(0).cpu()  # new shapes: new signatures
+    assert poptorch._C.meta_cache_size() > size
+
+
+def test_cached_shapes_follow_scalar_values():
+    for n in (3, 5, 3, 8):
+        assert torch.arange(n, device="ipu").cpu().tolist() == list(range(n))
+    for fill in (1.0, 2.5):
+        assert torch.full((2,), fill, device="ipu").tolist() == [fill, fill]
+
+
+def test_cached_results_keep_aliasing_right():
+    base = torch.arange(12.0).reshape(3, 4)
+    for _ in range(2):
+        a = base.clone().to("ipu")
+        b = base.clone().to("ipu")
+        a[1:].copy_(a[:-1].clone())    # same storage on both sides
+        b[1:].copy_(a[1:])             # different storages, same shapes
+        expected = base.clone()
+        expected[1:] = expected[:-1].clone()
+        assert torch.equal(a.cpu(), expected) and torch.equal(b.cpu(), expected)

@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "capture/capture.h"
+#include "capture/meta_inference.h"
 #include "capture/pending_graph.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -102,70 +103,21 @@ void uploadIndexLists(const c10::OperatorHandle& op, torch::jit::Stack* stack, i
   }
 }
 
-// Meta twins of ipu tensors. Twins of views of one ipu storage share one meta
-// storage, so the Meta kernels see the same aliasing as the real ones.
-class MetaTwins {
- public:
-  c10::IValue convert(const c10::IValue& value) {
-    if (value.isTensor()) return twin(value.toTensor());
-    if (value.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : value.toTensorList()) list.push_back(twin(t));
-      return list;
-    }
-    if (value.isList()) {
-      c10::impl::GenericList list(value.toList().elementType());
-      for (const c10::IValue& element : value.toListRef()) list.push_back(convert(element));
-      return list;
-    }
-    return value;
-  }
-
-  // The ipu storage behind a meta storage, for results that are views.
-  const c10::Storage* ipuStorageOf(const c10::StorageImpl* meta) const {
-    auto it = ipu_storage_.find(meta);
-    return it == ipu_storage_.end() ? nullptr : &it->second;
-  }
-
- private:
-  at::Tensor twin(const at::Tensor& t) {
-    if (!t.defined() || !t.is_ipu()) return t;
-    c10::StorageImpl* ipu = t.storage().unsafeGetStorageImpl();
-    auto [it, inserted] = meta_storage_.try_emplace(ipu);
-    if (inserted) {
-      it->second = c10::Storage(c10::Storage::use_byte_size_t(), ipu->nbytes(),
-                                c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
-                                c10::GetAllocator(c10::kMeta), /*resizable=*/true);
-      ipu_storage_.emplace(it->second.unsafeGetStorageImpl(), t.storage());
-    }
-    auto impl = c10::make_intrusive<c10::TensorImpl>(
-        c10::Storage(it->second), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
-    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    impl->_set_conj(t.is_conj());
-    impl->_set_neg(t.is_neg());
-    return at::Tensor(std::move(impl));
-  }
-
-  absl::flat_hash_map<const c10::StorageImpl*, c10::Storage> meta_storage_;
-  absl::flat_hash_map<const c10::StorageImpl*, c10::Storage> ipu_storage_;
-};
-
 // An out= argument the Meta kernel resized: give the ipu tensor the same
 // layout, growing its storage if needed.
-void mirrorLayout(const at::Tensor& ipu, const at::Tensor& meta, PendingGraph& pending) {
-  if (ipu.sizes().equals(meta.sizes()) && ipu.strides().equals(meta.strides()) &&
-      ipu.storage_offset() == meta.storage_offset()) {
+void mirrorLayout(const at::Tensor& ipu, const Layout& layout, PendingGraph& pending) {
+  if (ipu.sizes().equals(layout.sizes) && ipu.strides().equals(layout.strides) &&
+      ipu.storage_offset() == layout.offset) {
     return;
   }
   c10::StorageImpl* storage = ipu.storage().unsafeGetStorageImpl();
-  const size_t nbytes = at::detail::computeStorageNbytes(meta.sizes(), meta.strides(),
-                                                         ipu.itemsize(), meta.storage_offset());
+  const size_t nbytes = at::detail::computeStorageNbytes(layout.sizes, layout.strides,
+                                                         ipu.itemsize(), layout.offset);
   if (nbytes > storage->nbytes()) {
     device::growStorage(*storage, nbytes);
     pending.noteResize(storage);
   }
-  ipu.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(),
-                                                  meta.storage_offset());
+  ipu.unsafeGetTensorImpl()->set_sizes_and_strides(layout.sizes, layout.strides, layout.offset);
 }
 
 ir::Arg makeArg(const c10::Argument& argument, const c10::IValue& value, ir::Node& node,
@@ -195,35 +147,33 @@ ir::Arg makeArg(const c10::Argument& argument, const c10::IValue& value, ir::Nod
 
 // The result for one return the schema says is fresh: new lazy ipu tensors
 // with the layout the Meta kernel inferred.
-c10::IValue freshResult(const c10::IValue& meta, int device, ir::Node& node,
+c10::IValue freshResult(const ReturnInfo& info, int device, ir::Node& node,
                         PendingGraph& pending) {
-  auto make = [&](const at::Tensor& m) -> at::Tensor {
-    if (!m.defined()) return m;
-    at::Tensor result = device::emptyIpuTensor(m.sizes(), m.strides(), m.scalar_type(), device,
-                                               m.storage_offset());
+  auto make = [&](const Layout& layout) -> at::Tensor {
+    if (!layout.defined) return at::Tensor();
+    at::Tensor result = device::emptyIpuTensor(layout.sizes, layout.strides, layout.dtype,
+                                               device, layout.offset);
     node.outputs.push_back(pending.refOfResult(result));
     return result;
   };
-  if (meta.isTensor()) return make(meta.toTensor());
-  if (meta.isTensorList()) {
-    c10::List<at::Tensor> list;
-    for (const at::Tensor& m : meta.toTensorList()) list.push_back(make(m));
-    return list;
-  }
-  return meta;  // a non-tensor return (int, float, bool...)
+  if (info.tensors.empty() && !info.is_list) return info.other;  // int, float, bool...
+  if (!info.is_list) return make(info.tensors[0]);
+  c10::List<at::Tensor> list;
+  for (const Layout& layout : info.tensors) list.push_back(make(layout));
+  return list;
 }
 
 // The result for a return that is a view of an argument: an ipu tensor on the
 // argument's storage with the view's metadata.
-c10::IValue viewResult(const c10::IValue& meta, const MetaTwins& twins) {
-  auto make = [&](const at::Tensor& m) -> at::Tensor {
-    const c10::Storage* storage = twins.ipuStorageOf(m.storage().unsafeGetStorageImpl());
-    TORCH_INTERNAL_ASSERT(storage != nullptr, "a view result does not view an ipu argument");
-    return device::ipuView(*storage, m.sizes(), m.strides(), m.storage_offset(), m.scalar_type());
+c10::IValue viewResult(const ReturnInfo& info, const std::vector<c10::Storage>& storages) {
+  auto make = [&](const Layout& layout) -> at::Tensor {
+    TORCH_INTERNAL_ASSERT(layout.storage >= 0, "a view result does not view an ipu argument");
+    return device::ipuView(storages[layout.storage], layout.sizes, layout.strides, layout.offset,
+                           layout.dtype);
   };
-  if (meta.isTensor()) return make(meta.toTensor());
+  if (!info.is_list) return make(info.tensors[0]);
   c10::List<at::Tensor> list;
-  for (const at::Tensor& m : meta.toTensorList()) list.push_back(make(m));
+  for (const Layout& layout : info.tensors) list.push_back(make(layout));
   return list;
 }
 
@@ -268,19 +218,8 @@ bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool all
   uploadIndexLists(op, stack, device->index());
   const c10::ArrayRef<c10::IValue> arguments = torch::jit::last(*stack, num_args);
 
-  MetaTwins twins;
-  torch::jit::Stack meta_args;
-  meta_args.reserve(num_args);
-  for (const c10::IValue& value : arguments) meta_args.push_back(twins.convert(value));
-  torch::jit::Stack meta_stack = meta_args;
-  try {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
-  } catch (const std::exception& error) {
-    // Meta kernels written in Python raise Python errors, not c10::Errors.
-    // Either way the host runs the op: it gives the result, or the real error.
-    POPTORCH_LOG(kTrace) << opName(op) << ": Meta inference failed: " << error.what();
-    return false;
-  }
+  const std::optional<MetaResult> meta = inferMeta(op, arguments);
+  if (!meta) return false;
 
   auto lock = PendingGraph::get().lock();
   PendingGraph& pending = PendingGraph::get();
@@ -288,13 +227,11 @@ bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool all
   for (size_t i = 0; i < num_args; ++i) {
     const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
     if (!alias || !alias->isWrite()) continue;
-    std::vector<at::Tensor> ipu_tensors;
-    forEachTensor(arguments[i], [&](const at::Tensor& t) { ipu_tensors.push_back(t); });
     size_t next = 0;
-    forEachTensor(meta_args[i], [&](const at::Tensor& meta) {
-      const at::Tensor& ipu = ipu_tensors[next++];
+    forEachTensor(arguments[i], [&](const at::Tensor& ipu) {
+      const Layout& layout = meta->written[i][next++];
       if (!ipu.defined()) return;
-      mirrorLayout(ipu, meta, pending);
+      mirrorLayout(ipu, layout, pending);
       node.writes.push_back(pending.refOf(ipu).buffer);
     });
   }
@@ -304,18 +241,18 @@ bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool all
   drawSeed(node, arguments);
 
   std::vector<c10::IValue> results;
-  results.reserve(meta_stack.size());
-  bool only_views = !meta_stack.empty() && node.writes.empty();
-  for (size_t r = 0; r < meta_stack.size(); ++r) {
+  results.reserve(meta->returns.size());
+  bool only_views = !meta->returns.empty() && node.writes.empty();
+  for (size_t r = 0; r < meta->returns.size(); ++r) {
     const c10::AliasInfo* alias = schema.returns()[r].alias_info();
     if (alias && alias->isWrite()) {
       results.push_back(mutatedArgument(schema, *alias, arguments));
       node.fresh_returns.push_back(false);
     } else if (alias) {
-      results.push_back(viewResult(meta_stack[r], twins));
+      results.push_back(viewResult(meta->returns[r], argumentStorages(arguments)));
       node.fresh_returns.push_back(false);
     } else {
-      results.push_back(freshResult(meta_stack[r], device->index(), node, pending));
+      results.push_back(freshResult(meta->returns[r], device->index(), node, pending));
       node.fresh_returns.push_back(true);
       only_views = false;
     }

@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "capture/capture.h"
+#include "capture/meta_inference.h"
 #include "capture/pending_graph.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -88,6 +89,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_metrics", [] { Metrics::get().reset(); });
   m.def("pending_graph", &pendingGraph, "The pending graph, as text.");
   m.def("pending_nodes", &pendingNodes);
+  m.def("meta_cache_size", &capture::metaCacheSize,
+        "Signatures whose Meta results this thread has cached.");
   m.def("clear_executable_cache", [] { compiler::ExecutableCache::get().clear(); });
   m.def("executable_cache_size", [] { return compiler::ExecutableCache::get().size(); });
   m.def("device_count", &device::deviceCount);

@@ -1,0 +1,260 @@
+#include "capture/meta_inference.h"
+
+#include <ATen/core/Tensor.h>
+#include <absl/container/flat_hash_map.h>
+#include <absl/hash/hash.h>
+#include <c10/core/TensorImpl.h>
+
+#include <bit>
+#include <functional>
+
+#include "common/logging.h"
+
+namespace poptorch::capture {
+namespace {
+
+template <typename F>
+void forEachArgumentTensor(const c10::IValue& value, F&& fn) {
+  if (value.isTensor()) {
+    fn(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList()) fn(t);
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) forEachArgumentTensor(element, fn);
+  }
+}
+
+// Numbers the distinct ipu storages of the arguments by first appearance.
+class StorageNumbering {
+ public:
+  int32_t indexOf(const c10::StorageImpl* storage) {
+    auto [it, inserted] = index_.try_emplace(storage, static_cast<int32_t>(index_.size()));
+    return it->second;
+  }
+
+ private:
+  absl::flat_hash_map<const c10::StorageImpl*, int32_t> index_;
+};
+
+// Meta twins of ipu tensors. Twins of views of one ipu storage share one meta
+// storage, so Meta kernels see the same aliasing as the real ones.
+class MetaTwins {
+ public:
+  c10::IValue convert(const c10::IValue& value) {
+    if (value.isTensor()) return twin(value.toTensor());
+    if (value.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : value.toTensorList()) list.push_back(twin(t));
+      return list;
+    }
+    if (value.isList()) {
+      c10::impl::GenericList list(value.toList().elementType());
+      for (const c10::IValue& element : value.toListRef()) list.push_back(convert(element));
+      return list;
+    }
+    return value;
+  }
+
+  // The argument storage a meta result views, or -1.
+  int32_t storageOf(const at::Tensor& meta) const {
+    if (!meta.defined()) return -1;
+    auto it = index_of_meta_.find(meta.storage().unsafeGetStorageImpl());
+    return it == index_of_meta_.end() ? -1 : it->second;
+  }
+
+ private:
+  at::Tensor twin(const at::Tensor& t) {
+    if (!t.defined() || !t.is_ipu()) return t;
+    c10::StorageImpl* ipu = t.storage().unsafeGetStorageImpl();
+    const int32_t index = numbering_.indexOf(ipu);
+    if (static_cast<size_t>(index) == meta_storages_.size()) {
+      meta_storages_.emplace_back(c10::Storage::use_byte_size_t(), ipu->nbytes(),
+                                  c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+                                  c10::GetAllocator(c10::kMeta), /*resizable=*/true);
+      index_of_meta_.emplace(meta_storages_.back().unsafeGetStorageImpl(), index);
+    }
+    auto impl = c10::make_intrusive<c10::TensorImpl>(
+        c10::Storage(meta_storages_[index]), c10::DispatchKeySet(c10::DispatchKey::Meta),
+        t.dtype());
+    impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+    impl->_set_conj(t.is_conj());
+    impl->_set_neg(t.is_neg());
+    return at::Tensor(std::move(impl));
+  }
+
+  StorageNumbering numbering_;
+  std::vector<c10::Storage> meta_storages_;
+  absl::flat_hash_map<const c10::StorageImpl*, int32_t> index_of_meta_;
+};
+
+Layout layoutOf(const at::Tensor& t, int32_t storage) {
+  Layout layout;
+  layout.defined = t.defined();
+  if (!layout.defined) return layout;
+  layout.dtype = t.scalar_type();
+  layout.sizes.assign(t.sizes().begin(), t.sizes().end());
+  layout.strides.assign(t.strides().begin(), t.strides().end());
+  layout.offset = t.storage_offset();
+  layout.storage = storage;
+  return layout;
+}
+
+// Everything a Meta kernel's answer can depend on, as integers: the op, and
+// for each argument its value or, for a tensor, its metadata and aliasing.
+class Signature {
+ public:
+  explicit Signature(const c10::OperatorHandle& op) {
+    key_.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(&op.schema())));
+  }
+
+  // False when a value has a kind that is not worth keying on.
+  bool add(const c10::IValue& v) {
+    // Each kind pushes its own tag first, so that different kinds never collide.
+    if (v.isTensor()) return push(1) && addTensor(v.toTensor());
+    if (v.isTensorList() || v.isList()) {
+      const auto& list = v.toListRef();
+      push(2);
+      push(static_cast<int64_t>(list.size()));
+      for (const c10::IValue& element : list) {
+        if (!add(element)) return false;
+      }
+      return true;
+    }
+    if (v.isNone()) return push(3);
+    if (v.isGenerator()) return push(4);
+    if (v.isBool()) return push(5) && push(v.toBool());
+    if (v.isInt()) return push(6) && push(v.toInt());
+    if (v.isDouble()) return push(7) && push(std::bit_cast<int64_t>(v.toDouble()));
+    if (v.isString()) {
+      return push(8) && push(static_cast<int64_t>(std::hash<std::string>{}(v.toStringRef())));
+    }
+    if (v.isDevice()) {
+      return push(9) && push(static_cast<int64_t>(v.toDevice().type())) &&
+             push(v.toDevice().index());
+    }
+    if (v.isComplexDouble()) {
+      const auto c = v.toComplexDouble();
+      return push(10) && push(std::bit_cast<int64_t>(c.real())) &&
+             push(std::bit_cast<int64_t>(c.imag()));
+    }
+    return false;
+  }
+
+  const std::vector<int64_t>& key() const { return key_; }
+
+ private:
+  bool push(int64_t x) {
+    key_.push_back(x);
+    return true;
+  }
+
+  bool addTensor(const at::Tensor& t) {
+    if (!t.defined()) return push(-1);
+    push(static_cast<int64_t>(t.device().type()));
+    push(static_cast<int64_t>(t.scalar_type()));
+    push((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0) |
+         (t.unsafeGetTensorImpl()->is_wrapped_number() ? 4 : 0));
+    push(t.dim());
+    for (int64_t s : t.sizes()) push(s);
+    for (int64_t s : t.strides()) push(s);
+    push(t.storage_offset());
+    if (t.is_ipu()) {
+      const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+      push(numbering_.indexOf(storage));
+      push(static_cast<int64_t>(storage->nbytes()));
+    }
+    return true;
+  }
+
+  std::vector<int64_t> key_;
+  StorageNumbering numbering_;
+};
+
+using MetaCache = absl::flat_hash_map<std::vector<int64_t>, MetaResult>;
+constexpr size_t kMaxCachedSignatures = 1 << 16;
+
+// One cache per capturing thread: no lock on the hot path.
+MetaCache& metaCache() {
+  thread_local MetaCache cache;
+  return cache;
+}
+
+std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
+                                        c10::ArrayRef<c10::IValue> arguments, bool* cacheable) {
+  MetaTwins twins;
+  torch::jit::Stack meta_args;
+  meta_args.reserve(arguments.size());
+  for (const c10::IValue& value : arguments) meta_args.push_back(twins.convert(value));
+  torch::jit::Stack meta_stack = meta_args;
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+  } catch (const std::exception& error) {
+    // Meta kernels written in Python raise Python errors, not c10::Errors.
+    POPTORCH_LOG(kTrace) << op.operator_name() << ": Meta inference failed: " << error.what();
+    return std::nullopt;
+  }
+
+  MetaResult result;
+  for (const c10::IValue& value : meta_stack) {
+    ReturnInfo info;
+    if (value.isTensor()) {
+      info.tensors.push_back(layoutOf(value.toTensor(), twins.storageOf(value.toTensor())));
+    } else if (value.isTensorList()) {
+      info.is_list = true;
+      for (const at::Tensor& t : value.toTensorList()) info.tensors.push_back(layoutOf(t, twins.storageOf(t)));
+    } else {
+      info.other = value;
+      *cacheable = *cacheable && (value.isNone());  // other values may depend on data
+    }
+    result.returns.push_back(std::move(info));
+  }
+  const auto& schema = op.schema();
+  result.written.resize(arguments.size());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+    if (!alias || !alias->isWrite()) continue;
+    forEachArgumentTensor(meta_args[i], [&](const at::Tensor& t) {
+      result.written[i].push_back(layoutOf(t, -1));
+    });
+  }
+  return result;
+}
+
+}  // namespace
+
+std::optional<MetaResult> inferMeta(const c10::OperatorHandle& op,
+                                    c10::ArrayRef<c10::IValue> arguments) {
+  Signature signature(op);
+  bool cacheable = true;
+  for (const c10::IValue& value : arguments) cacheable = cacheable && signature.add(value);
+  MetaCache& cache = metaCache();
+  if (cacheable) {
+    auto it = cache.find(signature.key());
+    if (it != cache.end()) return it->second;
+  }
+  std::optional<MetaResult> result = runMetaKernel(op, arguments, &cacheable);
+  if (result && cacheable) {
+    if (cache.size() >= kMaxCachedSignatures) cache.clear();
+    cache.emplace(signature.key(), *result);
+  }
+  return result;
+}
+
+std::vector<c10::Storage> argumentStorages(c10::ArrayRef<c10::IValue> arguments) {
+  StorageNumbering numbering;
+  std::vector<c10::Storage> storages;
+  for (const c10::IValue& value : arguments) {
+    forEachArgumentTensor(value, [&](const at::Tensor& t) {
+      if (!t.defined() || !t.is_ipu()) return;
+      if (static_cast<size_t>(numbering.indexOf(t.storage().unsafeGetStorageImpl())) ==
+          storages.size()) {
+        storages.push_back(t.storage());
+      }
+    });
+  }
+  return storages;
+}
+
+size_t metaCacheSize() { return metaCache().size(); }
+
+}  // namespace poptorch::capture

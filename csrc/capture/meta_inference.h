@@ -1,0 +1,47 @@
+// Shape inference for captured ops: what the results of an op look like,
+// from its Meta kernel, cached by the signature of its arguments. Many Meta
+// kernels are Python decompositions; a training step repeats the same calls,
+// so after the first step no Meta kernel runs at all.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/SmallVector.h>
+
+#include <optional>
+#include <vector>
+
+namespace poptorch::capture {
+
+// The layout of one tensor an op returns or leaves behind.
+struct Layout {
+  bool defined = true;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+  int64_t offset = 0;
+  int32_t storage = -1;  // a view's storage: an index into argumentStorages()
+};
+
+struct ReturnInfo {
+  bool is_list = false;
+  std::vector<Layout> tensors;
+  c10::IValue other;  // a non-tensor return
+};
+
+struct MetaResult {
+  std::vector<ReturnInfo> returns;          // one per schema return
+  std::vector<std::vector<Layout>> written;  // per argument: its tensors after the op
+};
+
+// The results `op` would give for `arguments`, or nullopt when its Meta
+// kernel cannot tell (it raised, e.g. for a data-dependent shape).
+std::optional<MetaResult> inferMeta(const c10::OperatorHandle& op,
+                                    c10::ArrayRef<c10::IValue> arguments);
+
+// The distinct ipu storages among `arguments`, in order of first appearance.
+std::vector<c10::Storage> argumentStorages(c10::ArrayRef<c10::IValue> arguments);
+
+// Number of signatures in this thread's cache (for tests and metrics).
+size_t metaCacheSize();
+
+}  // namespace poptorch::capture
