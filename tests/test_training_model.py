@@ -29,6 +29,15 @@ def data(rows: int, seed: int = 0):
     return torch.randn(rows, 6, generator=g), torch.randint(0, 3, (rows,), generator=g)
 
 
+def twins(ipu_optimizer, cpu_optimizer, options=None, **model_args):
+    """A model wrapped for training on the ipu, and its CPU twin with its optimiser."""
+    torch.manual_seed(0)
+    model = Classifier(**model_args)
+    reference = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, options, ipu_optimizer(model.parameters()))
+    return model, ipu, reference, cpu_optimizer(reference.parameters())
+
+
 def reference_steps(model, optimizer, x, y, steps_per_call):
     """One CPU step per device iteration, on that iteration's whole share of the batch."""
     for xs, ys in zip(x.chunk(steps_per_call), y.chunk(steps_per_call)):
@@ -58,13 +67,9 @@ REFERENCE = {
 @pytest.mark.parametrize("iterations,accumulation,replicas", [(1, 1, 1), (3, 1, 1), (1, 4, 1),
                                                               (1, 1, 2), (2, 2, 2)])
 def test_training_matches_a_cpu_loop(name, iterations, accumulation, replicas):
-    torch.manual_seed(0)
-    model = Classifier()
-    reference = copy.deepcopy(model)
     opts = poptorch.Options().deviceIterations(iterations).replicationFactor(replicas)
     opts.Training.gradientAccumulation(accumulation)
-    ipu = poptorch.trainingModel(model, opts, OPTIMISERS[name](model.parameters()))
-    ref_optimizer = REFERENCE[name](reference.parameters())
+    model, ipu, reference, ref_optimizer = twins(OPTIMISERS[name], REFERENCE[name], opts)
     micro = 4
     for call in range(3):
         x, y = data(iterations * accumulation * replicas * micro, seed=call)
@@ -87,11 +92,8 @@ def test_the_python_forward_runs_once_and_nothing_recompiles():
 
 
 def test_batch_norm_statistics_are_trained_and_synced_to_the_host():
-    torch.manual_seed(0)
-    model = Classifier(with_bn=True)
-    reference = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
-    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    sgd = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+    model, ipu, reference, ref_optimizer = twins(sgd, sgd, with_bn=True)
     for call in range(3):
         x, y = data(8, call)
         ipu(x, y)
@@ -137,12 +139,8 @@ def test_training_losses_come_back_per_output_mode():
 
 
 def test_set_optimizer_changes_lr_without_recompiling():
-    torch.manual_seed(0)
-    model = Classifier()
-    reference = copy.deepcopy(model)
-    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1)
-    ipu = poptorch.trainingModel(model, None, optimizer)
-    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    model, ipu, reference, ref_optimizer = twins(lambda p: poptorch.optim.SGD(p, lr=0.1),
+                                                 lambda p: torch.optim.SGD(p, lr=0.1))
     ipu(*data(4, 0))
     reference_steps(reference, ref_optimizer, *data(4, 0), 1)
     compiled = poptorch.metrics()["graphs_compiled"]
@@ -269,11 +267,8 @@ def test_optimizer_state_dict_reads_and_writes_the_device():
 
 
 def test_detach_attach_and_destroy():
-    torch.manual_seed(0)
-    model = Classifier()
-    reference = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, None, poptorch.optim.Adam(model.parameters(), lr=0.01))
-    ref_optimizer = torch.optim.Adam(reference.parameters(), lr=0.01)
+    model, ipu, reference, ref_optimizer = twins(lambda p: poptorch.optim.Adam(p, lr=0.01),
+                                                 lambda p: torch.optim.Adam(p, lr=0.01))
     before = torch.ipu.memory_allocated(0)
     ipu(*data(4, 0))
     reference_steps(reference, ref_optimizer, *data(4, 0), 1)
@@ -313,12 +308,9 @@ def test_compile_without_running_and_is_running_on_ipu():
 @pytest.mark.parametrize("extra", [dict(loss_scaling=128.0), dict(max_grad_norm=0.05),
                                    dict(velocity_scaling=4.0)])
 def test_sgd_extras_match_their_cpu_meaning(extra):
-    torch.manual_seed(0)
-    model = Classifier()
-    reference = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(
-        model, None, poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, **extra))
-    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    model, ipu, reference, ref_optimizer = twins(
+        lambda p: poptorch.optim.SGD(p, lr=0.1, momentum=0.9, **extra),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9))
     for call in range(3):
         x, y = data(8, call)
         ipu(x, y)
@@ -331,11 +323,8 @@ def test_sgd_extras_match_their_cpu_meaning(extra):
 
 
 def test_lamb_trains_like_its_cpu_implementation():
-    torch.manual_seed(0)
-    model = Classifier()
-    reference = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, None, poptorch.optim.LAMB(model.parameters(), lr=0.01))
-    ref_optimizer = poptorch.optim.LAMB(reference.parameters(), lr=0.01)
+    lamb = lambda p: poptorch.optim.LAMB(p, lr=0.01)  # noqa: E731
+    model, ipu, reference, ref_optimizer = twins(lamb, lamb)
     for call in range(3):
         ipu(*data(8, call))
         reference_steps(reference, ref_optimizer, *data(8, call), 1)

@@ -10,6 +10,7 @@
 #include "capture/capture.h"
 #include "capture/meta_inference.h"
 #include "capture/pending_graph.h"
+#include "common/ivalue_tensors.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "device/ipu_device.h"
@@ -17,17 +18,6 @@
 
 namespace poptorch::capture {
 namespace {
-
-template <typename F>
-void forEachTensor(const c10::IValue& value, F&& fn) {
-  if (value.isTensor()) {
-    fn(value.toTensor());
-  } else if (value.isTensorList()) {
-    for (const at::Tensor& t : value.toTensorList()) fn(t);
-  } else if (value.isList()) {
-    for (const c10::IValue& element : value.toListRef()) forEachTensor(element, fn);
-  }
-}
 
 bool isOptionalTensorList(const c10::Argument& argument) {
   return argument.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors()) &&

@@ -8,21 +8,11 @@
 #include <bit>
 #include <functional>
 
+#include "common/ivalue_tensors.h"
 #include "common/logging.h"
 
 namespace poptorch::capture {
 namespace {
-
-template <typename F>
-void forEachArgumentTensor(const c10::IValue& value, F&& fn) {
-  if (value.isTensor()) {
-    fn(value.toTensor());
-  } else if (value.isTensorList()) {
-    for (const at::Tensor& t : value.toTensorList()) fn(t);
-  } else if (value.isList()) {
-    for (const c10::IValue& element : value.toListRef()) forEachArgumentTensor(element, fn);
-  }
-}
 
 // Numbers the distinct ipu storages of the arguments by first appearance.
 class StorageNumbering {
@@ -213,7 +203,7 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
   for (size_t i = 0; i < arguments.size(); ++i) {
     const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
     if (!alias || !alias->isWrite()) continue;
-    forEachArgumentTensor(meta_args[i], [&](const at::Tensor& t) {
+    forEachTensor(meta_args[i], [&](const at::Tensor& t) {
       result.written[i].push_back(layoutOf(t, -1));
     });
   }
@@ -244,7 +234,7 @@ std::vector<c10::Storage> argumentStorages(c10::ArrayRef<c10::IValue> arguments)
   StorageNumbering numbering;
   std::vector<c10::Storage> storages;
   for (const c10::IValue& value : arguments) {
-    forEachArgumentTensor(value, [&](const at::Tensor& t) {
+    forEachTensor(value, [&](const at::Tensor& t) {
       if (!t.defined() || !t.is_ipu()) return;
       if (static_cast<size_t>(numbering.indexOf(t.storage().unsafeGetStorageImpl())) ==
           storages.size()) {

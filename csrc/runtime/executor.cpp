@@ -1,5 +1,6 @@
 #include "runtime/executor.h"
 
+#include "common/ivalue_tensors.h"
 #include "ir/hash.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -31,17 +32,6 @@ at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref) {
 c10::Storage newHostStorage(int64_t nbytes) {
   return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(nbytes),
                       c10::GetCPUAllocator(), /*resizable=*/false);
-}
-
-template <typename F>
-void forEachTensor(const c10::IValue& value, F&& fn) {
-  if (value.isTensor()) {
-    fn(value.toTensor());
-  } else if (value.isTensorList()) {
-    for (const at::Tensor& t : value.toTensorList()) fn(t);
-  } else if (value.isList()) {
-    for (const c10::IValue& element : value.toListRef()) forEachTensor(element, fn);
-  }
 }
 
 // For random ops without a generator argument: the default generator runs

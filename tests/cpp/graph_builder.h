@@ -50,6 +50,15 @@ class GraphBuilder {
     return append(std::move(node));
   }
 
+  // Shorthands on vectors of 4 floats: out = x * x, out = a + b.
+  static ir::TensorRef vec(ir::BufferId buffer) { return ref(buffer, {4}); }
+  ir::Node& square(ir::BufferId x, ir::BufferId out) {
+    return binary(aten("aten::mul", "Tensor"), vec(x), vec(x), vec(out));
+  }
+  ir::Node& add(ir::BufferId a, ir::BufferId b, ir::BufferId out) {
+    return binary(aten("aten::add", "Tensor"), vec(a), vec(b), vec(out));
+  }
+
   // self.add_(other, alpha) with a runtime alpha.
   ir::Node& addInPlace(ir::TensorRef self, ir::TensorRef other, double alpha) {
     ir::Node node(aten("aten::add_", "Tensor"));

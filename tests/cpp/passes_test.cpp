@@ -21,8 +21,8 @@ TEST(DeadCode, RemovesResultsNobodyReads) {
   const auto x = b.buffer(4, true, true);
   const auto dead = b.buffer(4);
   const auto live = b.buffer(4, false, true);
-  b.binary(aten("aten::mul", "Tensor"), b.ref(x, {4}), b.ref(x, {4}), b.ref(dead, {4}));
-  b.binary(aten("aten::add", "Tensor"), b.ref(x, {4}), b.ref(x, {4}), b.ref(live, {4}));
+  b.square(x, dead);
+  b.add(x, x, live);
   const ir::Graph out = passes::eliminateDeadCode(b.graph);
   EXPECT_EQ(names(out), std::vector<std::string>{"aten::add.Tensor"});
   EXPECT_EQ(out.nodes[0].source_index, 1);
@@ -33,8 +33,8 @@ TEST(DeadCode, KeepsProducersOfWhatLiveNodesRead) {
   const auto x = b.buffer(4, true, true);
   const auto tmp = b.buffer(4);
   const auto live = b.buffer(4, false, true);
-  b.binary(aten("aten::mul", "Tensor"), b.ref(x, {4}), b.ref(x, {4}), b.ref(tmp, {4}));
-  b.binary(aten("aten::add", "Tensor"), b.ref(tmp, {4}), b.ref(x, {4}), b.ref(live, {4}));
+  b.square(x, tmp);
+  b.add(tmp, x, live);
   EXPECT_EQ(passes::eliminateDeadCode(b.graph).nodes.size(), 2u);
 }
 
@@ -43,8 +43,8 @@ TEST(DeadCode, KeepsInPlaceWritesToLiveBuffersAndDropsOnesToDeadBuffers) {
   const auto param = b.buffer(4, true, true);
   const auto dropped = b.buffer(4, true, false);
   const auto grad = b.buffer(4, true, true);
-  b.addInPlace(b.ref(param, {4}), b.ref(grad, {4}), -0.1);
-  b.addInPlace(b.ref(dropped, {4}), b.ref(grad, {4}), -0.1);
+  b.addInPlace(b.vec(param), b.vec(grad), -0.1);
+  b.addInPlace(b.vec(dropped), b.vec(grad), -0.1);
   const ir::Graph out = passes::eliminateDeadCode(b.graph);
   ASSERT_EQ(out.nodes.size(), 1u);
   EXPECT_EQ(out.nodes[0].writes, std::vector<ir::BufferId>{param});
@@ -56,9 +56,9 @@ TEST(CommonSubexpressions, MergesRepeatedPureNodes) {
   const auto t1 = b.buffer(4);
   const auto t2 = b.buffer(4);
   const auto out = b.buffer(4, false, true);
-  b.binary(aten("aten::mul", "Tensor"), b.ref(x, {4}), b.ref(x, {4}), b.ref(t1, {4}));
-  b.binary(aten("aten::mul", "Tensor"), b.ref(x, {4}), b.ref(x, {4}), b.ref(t2, {4}));
-  b.binary(aten("aten::add", "Tensor"), b.ref(t1, {4}), b.ref(t2, {4}), b.ref(out, {4}));
+  b.square(x, t1);
+  b.square(x, t2);
+  b.add(t1, t2, out);
   const ir::Graph g = passes::eliminateCommonSubexpressions(b.graph);
   ASSERT_EQ(g.nodes.size(), 2u);
   // The add now reads the first product twice.
@@ -73,10 +73,10 @@ TEST(CommonSubexpressions, DoesNotMergeAcrossAWriteToAnInput) {
   const auto t1 = b.buffer(4);
   const auto t2 = b.buffer(4);
   const auto out = b.buffer(4, false, true);
-  b.binary(aten("aten::mul", "Tensor"), b.ref(x, {4}), b.ref(x, {4}), b.ref(t1, {4}));
-  b.addInPlace(b.ref(x, {4}), b.ref(y, {4}), 1.0);
-  b.binary(aten("aten::mul", "Tensor"), b.ref(x, {4}), b.ref(x, {4}), b.ref(t2, {4}));
-  b.binary(aten("aten::add", "Tensor"), b.ref(t1, {4}), b.ref(t2, {4}), b.ref(out, {4}));
+  b.square(x, t1);
+  b.addInPlace(b.vec(x), b.vec(y), 1.0);
+  b.square(x, t2);
+  b.add(t1, t2, out);
   EXPECT_EQ(passes::eliminateCommonSubexpressions(b.graph).nodes.size(), 4u);
 }
 
@@ -85,8 +85,8 @@ TEST(CommonSubexpressions, DoesNotMergeLiveResults) {
   const auto x = b.buffer(4, true, true);
   const auto t1 = b.buffer(4, false, true);
   const auto t2 = b.buffer(4, false, true);
-  b.binary(aten("aten::mul", "Tensor"), b.ref(x, {4}), b.ref(x, {4}), b.ref(t1, {4}));
-  b.binary(aten("aten::mul", "Tensor"), b.ref(x, {4}), b.ref(x, {4}), b.ref(t2, {4}));
+  b.square(x, t1);
+  b.square(x, t2);
   EXPECT_EQ(passes::eliminateCommonSubexpressions(b.graph).nodes.size(), 2u);
 }
 
@@ -98,13 +98,13 @@ TEST(CommonSubexpressions, DoesNotMergeRandomNodes) {
   const auto out = b.buffer(4, false, true);
   for (auto t : {t1, t2}) {
     ir::Node node(aten("aten::bernoulli", ""));
-    node.inputs = {b.ref(x, {4})};
+    node.inputs = {b.vec(x)};
     node.args = {ir::Arg::tensor(0), ir::Arg::constant(c10::IValue())};
-    node.outputs = {b.ref(t, {4})};
+    node.outputs = {b.vec(t)};
     node.fresh_returns = {true};
     b.append(std::move(node));
   }
-  b.binary(aten("aten::add", "Tensor"), b.ref(t1, {4}), b.ref(t2, {4}), b.ref(out, {4}));
+  b.add(t1, t2, out);
   EXPECT_EQ(passes::eliminateCommonSubexpressions(b.graph).nodes.size(), 3u);
 }
 
@@ -114,9 +114,9 @@ TEST(Compiler, PlansRolesReleasesAndPeakMemory) {
   const auto t1 = b.buffer(4);
   const auto t2 = b.buffer(4);
   const auto out = b.buffer(4, false, true);
-  b.binary(aten("aten::mul", "Tensor"), b.ref(x, {4}), b.ref(x, {4}), b.ref(t1, {4}));
-  b.binary(aten("aten::add", "Tensor"), b.ref(t1, {4}), b.ref(x, {4}), b.ref(t2, {4}));
-  b.binary(aten("aten::sub", "Tensor"), b.ref(t2, {4}), b.ref(x, {4}), b.ref(out, {4}));
+  b.square(x, t1);
+  b.add(t1, x, t2);
+  b.binary(aten("aten::sub", "Tensor"), b.vec(t2), b.vec(x), b.vec(out));
   const auto exe = compiler::compile(b.graph, 42);
   EXPECT_EQ(exe->roles[x], compiler::BufferRole::kExternal);
   EXPECT_EQ(exe->roles[t1], compiler::BufferRole::kProduced);
