@@ -119,8 +119,10 @@ ir::Arg makeArg(const c10::Argument& argument, const c10::IValue& value, ir::Nod
   if (value.isTensor()) {
     const at::Tensor& t = value.toTensor();
     if (!t.defined()) return ir::Arg::constant(value);
-    // A host scalar is copied: the caller may change it before the graph runs.
-    return t.is_ipu() ? ir::Arg::tensor(add_input(t)) : ir::Arg::runtime(t.clone());
+    if (t.is_ipu()) return ir::Arg::tensor(add_input(t));
+    // A host scalar is copied, as the caller may change it before the graph
+    // runs; a Python number PyTorch wrapped for this call cannot change.
+    return ir::Arg::runtime(t.unsafeGetTensorImpl()->is_wrapped_number() ? t : t.clone());
   }
   if (value.isTensorList() || (value.isList() && isOptionalTensorList(argument))) {
     ir::Arg arg;
