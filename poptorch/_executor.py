@@ -28,6 +28,21 @@ _DEVICE = torch.device("ipu:0")
 
 
 @contextlib.contextmanager
+def _whole_step_capture():
+    """The step is captured whole: a sync point inside it is a poptorch.Error."""
+    _C.set_whole_step_capture(True)
+    try:
+        yield
+    except BaseException as error:
+        _C.discard_pending_graph()  # half a step must never run
+        if "while it is being compiled" in str(error) and not isinstance(error, Error):
+            raise Error(str(error).split("\n")[0]) from None
+        raise
+    finally:
+        _C.set_whole_step_capture(False)
+
+
+@contextlib.contextmanager
 def _mode(model: torch.nn.Module, training: bool):
     """The model in train or eval mode for the capture, then as it was."""
     modes = {m: m.training for m in model.modules()}
@@ -259,7 +274,7 @@ class PoplarExecutor:
 
         args, kwargs = pytree.tree_unflatten(device_leaves, spec)
         recorder = LossRecorder(self._model)
-        with _mode(self._model, self._training), recorder, RunningOnIpu():
+        with _whole_step_capture(), _mode(self._model, self._training), recorder, RunningOnIpu():
             with torch.enable_grad() if self._training else torch.no_grad():
                 outputs = torch.func.functional_call(self._model, self._state.tensors,
                                                      tuple(args), kwargs, strict=False)
@@ -278,15 +293,16 @@ class PoplarExecutor:
                         if g is not None:
                             accumulators[id(p)].add_(g.to(accumulators[id(p)].dtype))
                 del loss, scaled, grads
-        out_leaves, self._out_spec = pytree.tree_flatten(outputs)
-        self._out_leaves = [o.detach() if isinstance(o, torch.Tensor) else o for o in out_leaves]
-        self._device_outputs = [o for o in self._out_leaves if isinstance(o, torch.Tensor)]
-        for o in self._device_outputs:
-            if o.device.type != "ipu":
-                raise Error(f"the model returned a tensor on {o.device}: outputs must be "
-                            f"computed from the inputs and weights")
-        del outputs, out_leaves
-        self._micro_step = _C.prepare_program()
+            out_leaves, self._out_spec = pytree.tree_flatten(outputs)
+            self._out_leaves = [o.detach() if isinstance(o, torch.Tensor) else o
+                                for o in out_leaves]
+            self._device_outputs = [o for o in self._out_leaves if isinstance(o, torch.Tensor)]
+            for o in self._device_outputs:
+                if o.device.type != "ipu":
+                    raise Error(f"the model returned a tensor on {o.device}: outputs must be "
+                                f"computed from the inputs and weights")
+            del outputs, out_leaves
+            self._micro_step = _C.prepare_program()
         if progress:
             progress.to(70)
 

@@ -22,6 +22,13 @@ double secondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+constexpr const char* kHostValueDuringCapture =
+    "the model needs a value on the host while it is being compiled (.item(), .tolist(), "
+    "printing, .cpu(), or an op whose output shape depends on the data, such as nonzero or "
+    "boolean-mask indexing). PopTorch compiles the step into a static graph: move that "
+    "computation out of the model, or make it shape-static (e.g. torch.where instead of "
+    "masking).";
+
 }  // namespace
 
 PendingGraph& PendingGraph::get() {
@@ -72,19 +79,23 @@ void PendingGraph::append(ir::Node node) {
   node.source_index = static_cast<int32_t>(graph_.nodes.size());
   graph_.nodes.push_back(std::move(node));
   Metrics::get().opCaptured();
-  if (graph_.nodes.size() >= max_nodes_) {
+  if (graph_.nodes.size() >= max_nodes_ && !whole_step_capture_) {
     POPTORCH_LOG(kDebug) << "running the pending graph: it reached " << max_nodes_ << " nodes";
     flush();
   }
+}
+
+void PendingGraph::discard() {
+  graph_ = ir::Graph();
+  entries_.clear();
+  ids_.clear();
 }
 
 std::unique_ptr<runtime::Program> PendingGraph::prepare() {
   // Take the state first, so that an error below leaves an empty graph behind.
   ir::Graph graph = std::move(graph_);
   std::vector<Entry> entries = std::move(entries_);
-  graph_ = ir::Graph();
-  entries_.clear();
-  ids_.clear();
+  discard();
   if (graph.nodes.empty()) return nullptr;
 
   std::vector<c10::Storage> storages(entries.size());
@@ -123,6 +134,10 @@ std::unique_ptr<runtime::Program> PendingGraph::prepare() {
 }
 
 void PendingGraph::flush() {
+  if (whole_step_capture_ && !graph_.nodes.empty()) {
+    discard();  // the capture is abandoned
+    TORCH_CHECK(false, kHostValueDuringCapture);
+  }
   if (auto program = prepare()) program->run();
 }
 

@@ -42,6 +42,13 @@ class PendingGraph {
   // ipu storage materialised and up to date.
   void flush();
 
+  // Forgets every pending node (a capture that failed half-way).
+  void discard();
+
+  // While a whole step is captured for trainingModel/inferenceModel, the graph
+  // must not run in pieces: a sync point then is an error that says why.
+  void setWholeStepCapture(bool on) { whole_step_capture_ = on; }
+
   size_t size() const { return graph_.nodes.size(); }
   std::string toString() const { return graph_.toString(); }
 
@@ -61,6 +68,7 @@ class PendingGraph {
   absl::flat_hash_map<const c10::StorageImpl*, ir::BufferId> ids_;
   std::vector<Entry> entries_;
   size_t max_nodes_;
+  bool whole_step_capture_ = false;
 };
 
 }  // namespace poptorch::capture

@@ -110,6 +110,14 @@ PYBIND11_MODULE(_C, m) {
       .def("run", &runtime::Program::run, py::arg("seed_salt") = 0,
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_nodes", &runtime::Program::numNodes);
+  m.def("discard_pending_graph", [] {
+    auto lock = capture::PendingGraph::get().lock();
+    capture::PendingGraph::get().discard();
+  });
+  m.def("set_whole_step_capture", [](bool on) {
+    auto lock = capture::PendingGraph::get().lock();
+    capture::PendingGraph::get().setWholeStepCapture(on);
+  });
   m.def("prepare_program", &prepareProgram,
         "Takes the pending graph as a Program without running it (None if empty).");
   m.def("run_steps", &runSteps, py::call_guard<py::gil_scoped_release>());
