@@ -310,8 +310,9 @@ class PoplarExecutor:
         if self._training:
             reduction = self._options.Training.accumulation_and_replication_reduction_type
             scale = 1.0 / self._micro_batches_per_iteration if reduction == ReductionType.Mean else 1.0
-            self._device_optimizer.capture_update(accumulators, scale)
-            self._update = _C.prepare_program()
+            with _whole_step_capture():
+                self._device_optimizer.capture_update(accumulators, scale)
+                self._update = _C.prepare_program()
         self._attached = True
         logger.debug("captured the %s step: %d nodes%s", "training" if self._training else
                      "inference", self._micro_step.num_nodes if self._micro_step else 0,

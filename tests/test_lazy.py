@@ -75,7 +75,7 @@ def test_a_graph_that_grows_too_large_runs_on_its_own():
         "x = torch.zeros(4, device='ipu')\n"
         "for _ in range(25): x = x + 1\n"
         "print(poptorch.metrics()['executions'], poptorch._C.pending_nodes(), x.sum().item())\n",
-        env={"POPTORCH_MAX_GRAPH_NODES": "10"},
+        env={"POPTORCH_MAX_GRAPH_NODES": "10", "POPTORCH_STREAM_NODES": "0"},
     )
     executions, pending, total = result.stdout.split()
     assert (int(executions), int(pending), float(total)) == (2, 6, 100.0), result.stderr  # zero_ + 25 adds
@@ -144,3 +144,27 @@ def test_cached_results_keep_aliasing_right():
         expected = base.clone()
         expected[1:] = expected[:-1].clone()
         assert torch.equal(a.cpu(), expected) and torch.equal(b.cpu(), expected)
+
+
+def test_streaming_chunks_to_the_device_queue_keeps_results_and_the_cache_right():
+    result = run_python(
+        "import torch, poptorch\n"
+        "torch.manual_seed(0)\n"
+        "def run(device):\n"
+        "    torch.manual_seed(0)\n"
+        "    m = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(),\n"
+        "                            torch.nn.Linear(8, 3)).to(device)\n"
+        "    opt = torch.optim.Adam(m.parameters(), lr=0.01)\n"
+        "    x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))\n"
+        "    losses, compiled = [], []\n"
+        "    for _ in range(6):\n"
+        "        opt.zero_grad()\n"
+        "        loss = torch.nn.functional.cross_entropy(m(x.to(device)), y.to(device))\n"
+        "        loss.backward(); opt.step(); losses.append(loss.item())\n"
+        "        compiled.append(poptorch.metrics()['graphs_compiled'])\n"
+        "    return losses, compiled\n"
+        "cpu, _ = run('cpu'); ipu, compiled = run('ipu')\n"
+        "print(max(abs(a - b) / abs(a) for a, b in zip(cpu, ipu)) < 1e-4, compiled[2:] == [compiled[1]] * 4)\n",
+        env={"POPTORCH_STREAM_NODES": "4"},
+    )
+    assert result.stdout.split() == ["True", "True"], result.stdout + result.stderr

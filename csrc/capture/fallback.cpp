@@ -15,6 +15,7 @@
 #include "common/metrics.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
+#include "runtime/worker.h"
 
 namespace poptorch::capture {
 namespace {
@@ -104,6 +105,7 @@ void mirrorLayout(const at::Tensor& ipu, const Layout& layout, PendingGraph& pen
   const size_t nbytes = at::detail::computeStorageNbytes(layout.sizes, layout.strides,
                                                          ipu.itemsize(), layout.offset);
   if (nbytes > storage->nbytes()) {
+    runtime::Worker::get().waitIdle();  // queued programs may still use the old bytes
     device::growStorage(*storage, nbytes);
     pending.noteResize(storage);
   }

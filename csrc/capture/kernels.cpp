@@ -21,6 +21,7 @@
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
 #include "runtime/executor.h"
+#include "runtime/worker.h"
 
 namespace poptorch::capture {
 namespace {
@@ -81,6 +82,7 @@ void ensureCapacity(const at::Tensor& self, c10::IntArrayRef sizes, c10::IntArra
                                                          self.storage_offset());
   if (nbytes <= storage->nbytes()) return;
   auto lock = PendingGraph::get().lock();
+  runtime::Worker::get().waitIdle();  // queued programs may still use the old bytes
   device::growStorage(*storage, nbytes);
   PendingGraph::get().noteResize(storage);
 }
@@ -141,6 +143,7 @@ void upload(const at::Tensor& cpu_src, const at::Tensor& ipu_dst) {
     c10::StorageImpl* storage = ipu_dst.storage().unsafeGetStorageImpl();
     // Nothing pending touches the destination: write it now.
     if (!PendingGraph::get().references(storage)) {
+      runtime::Worker::get().waitIdle();  // queued programs may still read it
       device::materialize(*storage);
       runtime::hostAlias(ipu_dst).copy_(cpu_src);
       Metrics::get().bytesToIpu(static_cast<int64_t>(cpu_src.nbytes()));

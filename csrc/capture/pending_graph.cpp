@@ -1,5 +1,6 @@
 #include "capture/pending_graph.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 
@@ -8,14 +9,16 @@
 #include "compiler/executable.h"
 #include "device/ipu_device.h"
 #include "ir/hash.h"
+#include "runtime/worker.h"
 
 namespace poptorch::capture {
 namespace {
 
-size_t maxNodesFromEnvironment() {
-  const char* value = std::getenv("POPTORCH_MAX_GRAPH_NODES");
-  const long long parsed = value ? std::atoll(value) : 0;
-  return parsed > 0 ? static_cast<size_t>(parsed) : 20000;
+size_t sizeFromEnvironment(const char* name, size_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  const long long parsed = std::atoll(value);
+  return parsed >= 0 ? static_cast<size_t>(parsed) : fallback;
 }
 
 double secondsSince(std::chrono::steady_clock::time_point start) {
@@ -36,7 +39,9 @@ PendingGraph& PendingGraph::get() {
   return pending;
 }
 
-PendingGraph::PendingGraph() : max_nodes_(maxNodesFromEnvironment()) {}
+PendingGraph::PendingGraph()
+    : max_nodes_(std::max<size_t>(1, sizeFromEnvironment("POPTORCH_MAX_GRAPH_NODES", 20000))),
+      stream_nodes_(sizeFromEnvironment("POPTORCH_STREAM_NODES", 0)) {}
 
 ir::BufferId PendingGraph::addBuffer(const at::Tensor& tensor, bool existed_before) {
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
@@ -79,10 +84,23 @@ void PendingGraph::append(ir::Node node) {
   node.source_index = static_cast<int32_t>(graph_.nodes.size());
   graph_.nodes.push_back(std::move(node));
   Metrics::get().opCaptured();
-  if (graph_.nodes.size() >= max_nodes_ && !whole_step_capture_) {
+  if (whole_step_capture_) return;
+  if (graph_.nodes.size() >= max_nodes_) {
     POPTORCH_LOG(kDebug) << "running the pending graph: it reached " << max_nodes_ << " nodes";
     flush();
+  } else if (stream_nodes_ > 0 && graph_.nodes.size() >= stream_nodes_) {
+    streamPendingNodes();
   }
+}
+
+void PendingGraph::streamPendingNodes() {
+  std::unique_ptr<runtime::Program> program = prepare();
+  if (!program->usesDefaultGenerator()) {
+    runtime::Worker::get().submit(std::move(program));
+    return;
+  }
+  runtime::Worker::get().waitIdle();
+  program->run();
 }
 
 void PendingGraph::discard() {
@@ -104,7 +122,7 @@ std::unique_ptr<runtime::Program> PendingGraph::prepare() {
     ir::BufferInfo& info = graph.buffers[b];
     c10::Storage storage;
     if (entry.strong) {
-      info.live_after = entry.strong.use_count() > 1;
+      info.live_after = runtime::Worker::get().referencedElsewhere(entry.strong, /*ours=*/1);
       storage = std::move(entry.strong);
     } else if (auto locked = entry.weak->lock()) {
       info.live_after = true;
@@ -138,7 +156,10 @@ void PendingGraph::flush() {
     discard();  // the capture is abandoned
     TORCH_CHECK(false, kHostValueDuringCapture);
   }
-  if (auto program = prepare()) program->run();
+  std::unique_ptr<runtime::Program> program = prepare();
+  // Earlier chunks first; the last one runs here, without a hand-off.
+  runtime::Worker::get().waitIdle();
+  if (program) program->run();
 }
 
 }  // namespace poptorch::capture

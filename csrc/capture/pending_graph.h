@@ -67,7 +67,12 @@ class PendingGraph {
   ir::Graph graph_;
   absl::flat_hash_map<const c10::StorageImpl*, ir::BufferId> ids_;
   std::vector<Entry> entries_;
+  // Streams the first nodes of a long graph to the device queue, so that the
+  // device computes while the host captures the rest.
+  void streamPendingNodes();
+
   size_t max_nodes_;
+  size_t stream_nodes_;
   bool whole_step_capture_ = false;
 };
 

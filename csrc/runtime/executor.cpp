@@ -19,6 +19,13 @@ void releaseIpuStorage(void* context) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(context));
 }
 
+c10::Storage borrowedHostStorage(c10::StorageImpl& ipu_storage) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), ipu_storage.nbytes(),
+                      c10::DataPtr(ipu_storage._mutable_data_ptr_no_checks().get(),
+                                   c10::Device(c10::kCPU)),
+                      /*allocator=*/nullptr, /*resizable=*/false);
+}
+
 at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(
       c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
@@ -60,8 +67,10 @@ class Run {
   Run(const compiler::Executable& exe, const std::vector<c10::StorageImpl*>& storages,
       uint64_t seed_salt)
       : exe_(exe), host_(exe.program.buffers.size()), seed_salt_(seed_salt) {
+    // The caller keeps the ipu storages alive while the run lasts: the host
+    // views borrow their bytes without taking references.
     for (size_t b = 0; b < host_.size(); ++b) {
-      if (exe.roles[b] == compiler::BufferRole::kExternal) host_[b] = hostStorageOf(*storages[b]);
+      if (exe.roles[b] == compiler::BufferRole::kExternal) host_[b] = borrowedHostStorage(*storages[b]);
     }
   }
 

@@ -17,6 +17,9 @@ Program::Program(std::shared_ptr<const compiler::Executable> executable, ir::Gra
   for (size_t b = 0; b < storages_.size(); ++b) {
     if (storages_[b]) external_[b] = storages_[b].unsafeGetStorageImpl();
   }
+  for (const ir::Node& node : graph_.nodes) {
+    uses_default_generator_ = uses_default_generator_ || (node.seed && node.generator_arg < 0);
+  }
 }
 
 void Program::run(uint64_t seed_salt) const {

@@ -20,12 +20,18 @@ class Program {
   void run(uint64_t seed_salt = 0) const;
 
   size_t numNodes() const { return executable_->program.nodes.size(); }
+  const std::vector<c10::Storage>& storages() const { return storages_; }
+  // True when a random op in it draws from the default generator, whose state
+  // the runtime swaps while it runs: such a program must run on the thread
+  // that captures (and draws seeds), not on the worker.
+  bool usesDefaultGenerator() const { return uses_default_generator_; }
 
  private:
   std::shared_ptr<const compiler::Executable> executable_;
   ir::Graph graph_;                           // as captured: runtime arguments come from here
   std::vector<c10::Storage> storages_;        // keeps external buffers alive
   std::vector<c10::StorageImpl*> external_;   // per buffer, null unless external
+  bool uses_default_generator_ = false;
 };
 
 }  // namespace poptorch::runtime

@@ -6,6 +6,7 @@
 
 #include "common/metrics.h"
 #include "runtime/executor.h"
+#include "runtime/worker.h"
 
 namespace poptorch::runtime {
 namespace {
@@ -103,6 +104,7 @@ std::vector<at::Tensor> runSteps(const Program& micro_step, const Program* updat
                                  const StepShape& shape, uint64_t seed) {
   TORCH_CHECK(device_inputs.size() == host_inputs.size(),
               "internal: host and device inputs differ in number");
+  Worker::get().waitIdle();
   const OutputSlots slots(shape);
   std::vector<GatheredOutput> outputs;
   outputs.reserve(device_outputs.size());

@@ -1,0 +1,75 @@
+#include "runtime/worker.h"
+
+#include <omp.h>
+
+namespace poptorch::runtime {
+
+Worker& Worker::get() {
+  static Worker worker;
+  return worker;
+}
+
+void Worker::submit(std::unique_ptr<Program> program) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  for (const c10::Storage& s : program->storages()) {
+    if (s) ++in_flight_[s.unsafeGetStorageImpl()];
+  }
+  queue_.push_back(std::move(program));
+  wake_.notify_one();
+}
+
+void Worker::waitIdle() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+bool Worker::referencedElsewhere(const c10::Storage& storage, long ours) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = in_flight_.find(storage.unsafeGetStorageImpl());
+  const long queued = it == in_flight_.end() ? 0 : it->second;
+  return static_cast<long>(storage.use_count()) - ours - queued > 0;
+}
+
+void Worker::loop() {
+  // The capturing thread keeps the other core busy: one thread for kernels here.
+  omp_set_num_threads(1);
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping
+    std::unique_ptr<Program> program = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    try {
+      // After an error the queue is drained without running: later programs
+      // depend on results that were never computed.
+      if (!error_) program->run();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    lock.lock();
+    // Counts and references go together, under the lock.
+    for (const c10::Storage& s : program->storages()) {
+      if (!s) continue;
+      auto it = in_flight_.find(s.unsafeGetStorageImpl());
+      if (--it->second == 0) in_flight_.erase(it);
+    }
+    program.reset();
+    busy_ = false;
+    if (queue_.empty()) idle_.notify_all();
+  }
+}
+
+Worker::~Worker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    wake_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace poptorch::runtime

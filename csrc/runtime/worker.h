@@ -1,0 +1,50 @@
+// The device queue: compiled programs run in order on one worker thread, so
+// that the host can capture the next ops while the emulated IPU computes.
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "runtime/program.h"
+
+namespace poptorch::runtime {
+
+class Worker {
+ public:
+  static Worker& get();
+
+  // Queues `program`; it runs after every program queued before it.
+  void submit(std::unique_ptr<Program> program);
+  // Waits until every queued program has run; rethrows the first error one
+  // of them raised (as CUDA reports asynchronous errors at the next sync).
+  void waitIdle();
+
+  // True if anything but the queued programs and `ours` other references
+  // holds `storage`: whether a value is still wanted must not depend on how
+  // far the queue has got.
+  bool referencedElsewhere(const c10::Storage& storage, long ours);
+
+  ~Worker();
+
+ private:
+  Worker() = default;
+  void loop();
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable idle_;
+  std::deque<std::unique_ptr<Program>> queue_;
+  absl::flat_hash_map<const c10::StorageImpl*, long> in_flight_;  // references held by the queue
+  bool busy_ = false;
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // started by the first submit
+};
+
+}  // namespace poptorch::runtime
