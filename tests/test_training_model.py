@@ -369,3 +369,21 @@ def test_a_host_read_inside_the_model_is_a_clear_error_and_runs_nothing():
     assert torch.equal(model.bn.running_mean, stats)  # the half-captured step never ran
     with pytest.raises(poptorch.Error, match="static graph"):
         ipu(torch.randn(4, 4))
+
+
+class CountingModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return x + self.calls
+
+
+def test_inference_micro_batches_that_update_a_buffer_run_in_order():
+    model = CountingModel()
+    ipu = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(6))
+    out = ipu(torch.zeros(6, 1))
+    assert out.flatten().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert float(model.calls) == 6.0

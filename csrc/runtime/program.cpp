@@ -10,6 +10,11 @@ namespace poptorch::runtime {
 
 Program::Program(std::shared_ptr<const compiler::Executable> executable, ir::Graph graph,
                  std::vector<c10::Storage> storages)
+    : Program(std::move(executable), std::make_shared<const ir::Graph>(std::move(graph)),
+              std::move(storages)) {}
+
+Program::Program(std::shared_ptr<const compiler::Executable> executable,
+                 std::shared_ptr<const ir::Graph> graph, std::vector<c10::Storage> storages)
     : executable_(std::move(executable)),
       graph_(std::move(graph)),
       storages_(std::move(storages)),
@@ -17,9 +22,39 @@ Program::Program(std::shared_ptr<const compiler::Executable> executable, ir::Gra
   for (size_t b = 0; b < storages_.size(); ++b) {
     if (storages_[b]) external_[b] = storages_[b].unsafeGetStorageImpl();
   }
-  for (const ir::Node& node : graph_.nodes) {
+  for (const ir::Node& node : graph_->nodes) {
     uses_default_generator_ = uses_default_generator_ || (node.seed && node.generator_arg < 0);
   }
+}
+
+std::unique_ptr<Program> Program::twin(
+    const std::vector<std::pair<c10::Storage, c10::Storage>>& replace) const {
+  std::vector<c10::Storage> storages = storages_;
+  for (c10::Storage& s : storages) {
+    for (const auto& [from, to] : replace) {
+      if (s && s.is_alias_of(from)) s = to;
+    }
+  }
+  return std::unique_ptr<Program>(new Program(executable_, graph_, std::move(storages)));
+}
+
+bool Program::writesOnly(const std::vector<c10::Storage>& own) const {
+  auto owned = [&](ir::BufferId b) {
+    if (executable_->roles[b] != compiler::BufferRole::kExternal) return true;
+    for (const c10::Storage& s : own) {
+      if (storages_[b].is_alias_of(s)) return true;
+    }
+    return false;
+  };
+  for (const ir::Node& node : executable_->program.nodes) {
+    for (ir::BufferId w : node.writes) {
+      if (!owned(w)) return false;
+    }
+    for (const ir::TensorRef& out : node.outputs) {
+      if (!owned(out.buffer)) return false;
+    }
+  }
+  return true;
 }
 
 void Program::run(uint64_t seed_salt) const {
@@ -35,7 +70,7 @@ void Program::run(uint64_t seed_salt) const {
                      "use a smaller batch, or raise POPTORCH_IPU_MEMORY_MB.");
   }
   const auto start = std::chrono::steady_clock::now();
-  execute(*executable_, graph_, external_, seed_salt);
+  execute(*executable_, *graph_, external_, seed_salt);
   Metrics::get().executed(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }

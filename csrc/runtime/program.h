@@ -15,6 +15,15 @@ class Program {
   Program(std::shared_ptr<const compiler::Executable> executable, ir::Graph graph,
           std::vector<c10::Storage> storages);
 
+  // The same program on other storages: `replace` maps storages of this
+  // program to the ones the twin uses instead (the others are shared).
+  std::unique_ptr<Program> twin(
+      const std::vector<std::pair<c10::Storage, c10::Storage>>& replace) const;
+
+  // True if every buffer the program writes is one of `own` (or a temporary):
+  // twins that own those storages can then run at the same time.
+  bool writesOnly(const std::vector<c10::Storage>& own) const;
+
   // Runs the program once. A non-zero `seed_salt` gives its random ops fresh
   // seeds (every replay of a training step draws new dropout masks).
   void run(uint64_t seed_salt = 0) const;
@@ -27,8 +36,11 @@ class Program {
   bool usesDefaultGenerator() const { return uses_default_generator_; }
 
  private:
+  Program(std::shared_ptr<const compiler::Executable> executable,
+          std::shared_ptr<const ir::Graph> graph, std::vector<c10::Storage> storages);
+
   std::shared_ptr<const compiler::Executable> executable_;
-  ir::Graph graph_;                           // as captured: runtime arguments come from here
+  std::shared_ptr<const ir::Graph> graph_;    // as captured: runtime arguments come from here
   std::vector<c10::Storage> storages_;        // keeps external buffers alive
   std::vector<c10::StorageImpl*> external_;   // per buffer, null unless external
   bool uses_default_generator_ = false;

@@ -2,9 +2,15 @@
 
 #include <ATen/ops/zeros.h>
 
+#include <omp.h>
+
 #include <cstring>
+#include <exception>
+#include <thread>
 
 #include "common/metrics.h"
+#include "device/ipu_device.h"
+#include "device/ipu_tensor.h"
 #include "runtime/executor.h"
 #include "runtime/worker.h"
 
@@ -63,8 +69,9 @@ class GatheredOutput {
     slots_ = at::zeros(sizes, device_output.options().device(c10::kCPU));
   }
 
-  void gather(int64_t slot, bool sum) {
-    at::Tensor source = hostAlias(device_);
+  // Gathers from `device` (the output, or its twin in another lane).
+  void gather(int64_t slot, bool sum, const at::Tensor& device) {
+    at::Tensor source = hostAlias(device);
     at::Tensor target = slots_.select(0, slot);
     if (sum) {
       target.add_(source);
@@ -72,6 +79,8 @@ class GatheredOutput {
       target.copy_(source);
     }
   }
+
+  const at::Tensor& device() const { return device_; }
 
   at::Tensor result() const {
     if (slots_.size(0) == 1) return slots_.squeeze(0);
@@ -95,6 +104,89 @@ void copyRows(const at::Tensor& host, int64_t k, const at::Tensor& device) {
   Metrics::get().bytesToIpu(static_cast<int64_t>(nbytes));
 }
 
+// One lane of execution: a program and the device tensors it reads its
+// inputs from and writes its outputs to.
+struct Lane {
+  const Program* program;
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> outputs;
+};
+
+// A second lane for `micro_step`: a twin with inputs and outputs of its own.
+std::pair<std::unique_ptr<Program>, Lane> twinLane(const Program& micro_step,
+                                                   const std::vector<at::Tensor>& inputs,
+                                                   const std::vector<at::Tensor>& outputs) {
+  std::vector<std::pair<c10::Storage, c10::Storage>> replace;
+  Lane lane;
+  auto fresh = [&](const at::Tensor& t) {
+    at::Tensor copy = device::emptyIpuTensor(t.sizes(), t.strides(), t.scalar_type(),
+                                             t.device().index(), t.storage_offset());
+    device::materialize(*copy.storage().unsafeGetStorageImpl());
+    replace.emplace_back(t.storage(), copy.storage());
+    return copy;
+  };
+  for (const at::Tensor& t : inputs) lane.inputs.push_back(fresh(t));
+  for (const at::Tensor& t : outputs) lane.outputs.push_back(fresh(t));
+  std::unique_ptr<Program> twin = micro_step.twin(replace);
+  lane.program = twin.get();
+  return {std::move(twin), std::move(lane)};
+}
+
+// Inference micro-batches are independent: with two lanes, one per core,
+// they run two at a time. Only when the program writes nothing the lanes
+// share, draws no default-generator randoms, and outputs are not summed.
+bool lanesApply(const Program& micro_step, const Program* update,
+                const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                const StepShape& shape) {
+  if (update != nullptr || shape.output_mode == OutputMode::kSum ||
+      micro_step.usesDefaultGenerator() || shape.iterations * shape.accumulation * shape.replicas < 2) {
+    return false;
+  }
+  std::vector<c10::Storage> own;
+  for (const at::Tensor& t : inputs) own.push_back(t.storage());
+  for (const at::Tensor& t : outputs) own.push_back(t.storage());
+  return micro_step.writesOnly(own);
+}
+
+void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
+             const std::vector<at::Tensor>& host_inputs, const OutputSlots& slots,
+             std::vector<GatheredOutput>& outputs, uint64_t seed) {
+  for (int64_t k = first; k < count; k += stride) {
+    for (size_t j = 0; j < lane.inputs.size(); ++j) copyRows(host_inputs[j], k, lane.inputs[j]);
+    lane.program->run(seed + static_cast<uint64_t>(k) + 1);
+    const int64_t slot = slots.slotOf(k);
+    if (slot < 0) continue;
+    for (size_t o = 0; o < outputs.size(); ++o) outputs[o].gather(slot, false, lane.outputs[o]);
+  }
+}
+
+// Runs micro-batches on two threads, each with a one-thread OpenMP team.
+void runInTwoLanes(const Lane& first, const Lane& second, int64_t count,
+                   const std::vector<at::Tensor>& host_inputs, const OutputSlots& slots,
+                   std::vector<GatheredOutput>& outputs, uint64_t seed) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  std::exception_ptr error;
+  std::thread helper([&] {
+    omp_set_num_threads(1);
+    try {
+      runLane(second, 1, 2, count, host_inputs, slots, outputs, seed);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  try {
+    runLane(first, 0, 2, count, host_inputs, slots, outputs, seed);
+  } catch (...) {
+    helper.join();
+    omp_set_num_threads(threads);
+    throw;
+  }
+  helper.join();
+  omp_set_num_threads(threads);
+  if (error) std::rethrow_exception(error);
+}
+
 }  // namespace
 
 std::vector<at::Tensor> runSteps(const Program& micro_step, const Program* update,
@@ -111,14 +203,21 @@ std::vector<at::Tensor> runSteps(const Program& micro_step, const Program* updat
   for (const at::Tensor& d : device_outputs) outputs.emplace_back(d, slots.count());
 
   const int64_t per_iteration = shape.accumulation * shape.replicas;
-  for (int64_t k = 0; k < shape.iterations * per_iteration; ++k) {
-    for (size_t j = 0; j < device_inputs.size(); ++j) copyRows(host_inputs[j], k, device_inputs[j]);
-    micro_step.run(seed + static_cast<uint64_t>(k) + 1);
-    const int64_t slot = slots.slotOf(k);
-    if (slot >= 0) {
-      for (GatheredOutput& out : outputs) out.gather(slot, slots.sums());
+  const int64_t count = shape.iterations * per_iteration;
+  const Lane lane{&micro_step, device_inputs, device_outputs};
+  if (lanesApply(micro_step, update, device_inputs, device_outputs, shape)) {
+    auto [twin, second] = twinLane(micro_step, device_inputs, device_outputs);
+    runInTwoLanes(lane, second, count, host_inputs, slots, outputs, seed);
+  } else {
+    for (int64_t k = 0; k < count; ++k) {
+      for (size_t j = 0; j < device_inputs.size(); ++j) copyRows(host_inputs[j], k, device_inputs[j]);
+      micro_step.run(seed + static_cast<uint64_t>(k) + 1);
+      const int64_t slot = slots.slotOf(k);
+      if (slot >= 0) {
+        for (GatheredOutput& out : outputs) out.gather(slot, slots.sums(), out.device());
+      }
+      if (update != nullptr && (k + 1) % per_iteration == 0) update->run();
     }
-    if (update != nullptr && (k + 1) % per_iteration == 0) update->run();
   }
 
   std::vector<at::Tensor> results;
