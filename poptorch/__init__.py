@@ -23,6 +23,12 @@ from .options import (HalfFloatCastingBehavior, Options, OutputMode, ReductionTy
 
 torch._register_device_module("ipu", _device_module)
 
+# The autograd engine sizes its per-device worker queues once, at the first
+# backward: if that ran before this import, the ipu has no queue and backward
+# on ipu tensors fails inside the engine. Captured ops need no device thread,
+# so backward runs on the calling thread, whatever the import order.
+torch.autograd.set_multithreading_enabled(False)
+
 
 def synchronize() -> None:
     """Runs every pending ipu operation now."""

@@ -74,3 +74,14 @@ def test_gradients_match_the_cpu():
     (xi @ wi).tanh().pow(2).mean().backward()
     torch.testing.assert_close(xi.grad.cpu(), x.grad)
     torch.testing.assert_close(wi.grad.cpu(), w.grad)
+
+
+def test_backward_works_when_poptorch_is_imported_after_a_cpu_backward():
+    from conftest import run_python
+    result = run_python(
+        "import torch\n"
+        "x = torch.ones(2, requires_grad=True); (x * 2).sum().backward()\n"
+        "import poptorch\n"
+        "y = torch.ones(2, device='ipu', requires_grad=True); (y * 3).sum().backward()\n"
+        "print(y.grad.tolist())\n")
+    assert result.stdout.strip() == "[3.0, 3.0]", result.stderr
