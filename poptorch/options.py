@@ -96,6 +96,9 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "connectionType": (_only(ConnectionType.Always), "the emulated IPU is always attached"),
     "syncPattern": (_only(SyncPattern.Full), "there are no IPUs to synchronise"),
     "enableSyntheticData": (_only(False), "inputs always come from the host"),
+    "enableExecutableCaching": (
+        _only(None), "executables are cached in memory, by structure, for the life of the "
+        "process (compiling one takes milliseconds here); nothing is written to disk"),
     "enableProfiling": (_never, "no PopVision reports are produced"),
     "logDir": (_never, "the emulator writes no report files"),
     "logCycleCount": (_only(False), "the emulator counts no IPU cycles"),
@@ -465,9 +468,11 @@ class Options(_Settings):
         return self._set("random_seed", seed)
 
     def enableExecutableCaching(self, path: Optional[Union[str, os.PathLike[str]]]) -> Options:
-        """Caches executables in ``path`` (None: no caching); default ``$POPTORCH_CACHE_DIR``."""
-        return self._set("executable_cache_dir",
-                         None if path is None else _str("enableExecutableCaching", path))
+        """PopTorch caches executables in ``path``; here the in-memory cache
+        always serves, and the path is stored and logged (see _NOT_HONOURED)."""
+        return self._set_not_honoured(
+            "enableExecutableCaching", "executable_cache_dir",
+            None if path is None else _str("enableExecutableCaching", path))
 
     # -- options the emulator stores but does not act on (see _NOT_HONOURED)
     def useIpuModel(self, use_model: bool) -> Options:

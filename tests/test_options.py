@@ -286,6 +286,8 @@ def messages(log):
      ("TensorLocations.activation_location", TensorLocationSettings().toDict()),
      "TensorLocations.setActivationLocation"),
     (lambda o: o.Jit.traceModel(True), ("Jit.trace_model", True), "Jit.traceModel(True)"),
+    (lambda o: o.enableExecutableCaching("/tmp/cache"), ("executable_cache_dir", "/tmp/cache"),
+     "enableExecutableCaching('/tmp/cache')"),
     (lambda o: o.Distributed.configureProcessId(1, 2), ("Distributed.num_processes", 2),
      "Distributed.configureProcessId(1, 2)"),
 ])
