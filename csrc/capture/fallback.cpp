@@ -1,10 +1,9 @@
 // Capture of ordinary operators. The op's Meta kernel runs at once on meta
 // twins of the arguments, so shape and dtype errors surface at the line that
 // caused them; the results are lazy ipu tensors with the inferred layout.
-#include <ATen/EmptyTensor.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/native/CPUFallback.h>
-#include <absl/container/flat_hash_map.h>
 #include <torch/library.h>
 
 #include "capture/capture.h"
@@ -58,9 +57,10 @@ std::optional<c10::Device> commonDevice(const c10::OperatorHandle& op,
       }
     });
   }
-  TORCH_CHECK(!(ipu && other), "Expected all tensors to be on the same device, but found at "
-              "least two devices, ", *ipu, " and ", *other, "! (in ", opName(op),
-              "; move them with .to(\"", *ipu, "\"))");
+  TORCH_CHECK(!(ipu && other),
+              "Expected all tensors to be on the same device, but found at "
+              "least two devices, ",
+              *ipu, " and ", *other, "! (in ", opName(op), "; move them with .to(\"", *ipu, "\"))");
   return ipu;
 }
 
@@ -102,8 +102,8 @@ void mirrorLayout(const at::Tensor& ipu, const Layout& layout, PendingGraph& pen
     return;
   }
   c10::StorageImpl* storage = ipu.storage().unsafeGetStorageImpl();
-  const size_t nbytes = at::detail::computeStorageNbytes(layout.sizes, layout.strides,
-                                                         ipu.itemsize(), layout.offset);
+  const size_t nbytes =
+      at::detail::computeStorageNbytes(layout.sizes, layout.strides, ipu.itemsize(), layout.offset);
   if (nbytes > storage->nbytes()) {
     runtime::Worker::get().waitIdle();  // queued programs may still use the old bytes
     device::growStorage(*storage, nbytes);
@@ -141,12 +141,11 @@ ir::Arg makeArg(const c10::Argument& argument, const c10::IValue& value, ir::Nod
 
 // The result for one return the schema says is fresh: new lazy ipu tensors
 // with the layout the Meta kernel inferred.
-c10::IValue freshResult(const ReturnInfo& info, int device, ir::Node& node,
-                        PendingGraph& pending) {
+c10::IValue freshResult(const ReturnInfo& info, int device, ir::Node& node, PendingGraph& pending) {
   auto make = [&](const Layout& layout) -> at::Tensor {
     if (!layout.defined) return at::Tensor();
-    at::Tensor result = device::emptyIpuTensor(layout.sizes, layout.strides, layout.dtype,
-                                               device, layout.offset);
+    at::Tensor result =
+        device::emptyIpuTensor(layout.sizes, layout.strides, layout.dtype, device, layout.offset);
     node.outputs.push_back(pending.refOfResult(result));
     return result;
   };
@@ -193,8 +192,10 @@ void drawSeed(ir::Node& node, c10::ArrayRef<c10::IValue> arguments) {
     node.generator_arg = static_cast<int32_t>(i);
     if (arguments[i].isGenerator()) {
       generator = arguments[i].toGenerator();
-      TORCH_CHECK(generator.device().is_cpu(), "a random op on the ipu takes a cpu generator "
-                  "(ipu random numbers are drawn on the host), got one for ", generator.device());
+      TORCH_CHECK(generator.device().is_cpu(),
+                  "a random op on the ipu takes a cpu generator "
+                  "(ipu random numbers are drawn on the host), got one for ",
+                  generator.device());
     }
   }
   std::lock_guard<std::mutex> lock(generator.mutex());
@@ -273,8 +274,8 @@ void hostFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
 }
 
 void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  TORCH_CHECK_NOT_IMPLEMENTED(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU),
-                              opName(op), " has no host kernel, so the emulated IPU cannot run "
+  TORCH_CHECK_NOT_IMPLEMENTED(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU), opName(op),
+                              " has no host kernel, so the emulated IPU cannot run "
                               "it; it is not supported on ipu tensors.");
   if (op.hasTag(at::Tag::dynamic_output_shape)) {
     hostFallback(op, stack, "its output shape depends on the data");

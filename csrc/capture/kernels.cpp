@@ -6,10 +6,10 @@
 #include <ATen/native/Resize.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/copy_native.h>
 #include <ATen/ops/view_native.h>
-#include <ATen/ops/_reshape_alias_native.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/util/strides.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
@@ -78,8 +78,8 @@ at::Tensor emptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride,
 // Grows `self`'s storage to hold `sizes` x `strides` at its offset.
 void ensureCapacity(const at::Tensor& self, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
   c10::StorageImpl* storage = self.storage().unsafeGetStorageImpl();
-  const size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, self.itemsize(),
-                                                         self.storage_offset());
+  const size_t nbytes =
+      at::detail::computeStorageNbytes(sizes, strides, self.itemsize(), self.storage_offset());
   if (nbytes <= storage->nbytes()) return;
   auto lock = PendingGraph::get().lock();
   runtime::Worker::get().waitIdle();  // queued programs may still use the old bytes
@@ -88,7 +88,7 @@ void ensureCapacity(const at::Tensor& self, c10::IntArrayRef sizes, c10::IntArra
 }
 
 const at::Tensor& resizeIpu(const at::Tensor& self, c10::IntArrayRef size,
-                         std::optional<c10::MemoryFormat> memory_format) {
+                            std::optional<c10::MemoryFormat> memory_format) {
   at::detail::check_size_nonnegative(size);
   const auto strides = stridesFor(size, memory_format.value_or(c10::MemoryFormat::Contiguous));
   ensureCapacity(self, size, strides);
@@ -96,8 +96,8 @@ const at::Tensor& resizeIpu(const at::Tensor& self, c10::IntArrayRef size,
   return self;
 }
 
-at::Tensor& setStorage(at::Tensor& self, c10::Storage source, int64_t offset,
-                       c10::IntArrayRef size, c10::IntArrayRef stride) {
+at::Tensor& setStorage(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
+                       c10::IntArrayRef stride) {
   TORCH_CHECK(source.device().is_ipu(), "set_: expected an ipu storage, got one on ",
               source.device());
   at::native::checkSetStorage(self, source, offset, size, stride);

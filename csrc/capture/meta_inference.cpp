@@ -63,9 +63,9 @@ class MetaTwins {
                                   c10::GetAllocator(c10::kMeta), /*resizable=*/true);
       index_of_meta_.emplace(meta_storages_.back().unsafeGetStorageImpl(), index);
     }
-    auto impl = c10::make_intrusive<c10::TensorImpl>(
-        c10::Storage(meta_storages_[index]), c10::DispatchKeySet(c10::DispatchKey::Meta),
-        t.dtype());
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(meta_storages_[index]),
+                                                     c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                                     t.dtype());
     impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
     impl->_set_conj(t.is_conj());
     impl->_set_neg(t.is_neg());
@@ -191,7 +191,8 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
       info.tensors.push_back(layoutOf(value.toTensor(), twins.storageOf(value.toTensor())));
     } else if (value.isTensorList()) {
       info.is_list = true;
-      for (const at::Tensor& t : value.toTensorList()) info.tensors.push_back(layoutOf(t, twins.storageOf(t)));
+      for (const at::Tensor& t : value.toTensorList())
+        info.tensors.push_back(layoutOf(t, twins.storageOf(t)));
     } else {
       info.other = value;
       *cacheable = *cacheable && (value.isNone());  // other values may depend on data
@@ -203,9 +204,8 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
   for (size_t i = 0; i < arguments.size(); ++i) {
     const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
     if (!alias || !alias->isWrite()) continue;
-    forEachTensor(meta_args[i], [&](const at::Tensor& t) {
-      result.written[i].push_back(layoutOf(t, -1));
-    });
+    forEachTensor(meta_args[i],
+                  [&](const at::Tensor& t) { result.written[i].push_back(layoutOf(t, -1)); });
   }
   return result;
 }

@@ -29,7 +29,7 @@ struct ReturnInfo {
 };
 
 struct MetaResult {
-  std::vector<ReturnInfo> returns;          // one per schema return
+  std::vector<ReturnInfo> returns;           // one per schema return
   std::vector<std::vector<Layout>> written;  // per argument: its tensors after the op
 };
 

@@ -66,8 +66,8 @@ ir::TensorRef PendingGraph::refOf(const at::Tensor& tensor) {
   auto it = ids_.find(storage);
   // A storage with no bytes yet (an uninitialised factory result) holds no
   // value the graph depends on.
-  const ir::BufferId id = it != ids_.end() ? it->second
-                                           : addBuffer(tensor, device::isMaterialized(*storage));
+  const ir::BufferId id =
+      it != ids_.end() ? it->second : addBuffer(tensor, device::isMaterialized(*storage));
   return ir::TensorRef::of(tensor, id);
 }
 

@@ -39,12 +39,18 @@ void initGlogOnce() {
 
 const char* levelName(Level level) {
   switch (level) {
-    case Level::kTrace: return "TRACE";
-    case Level::kDebug: return "DEBUG";
-    case Level::kInfo: return "INFO";
-    case Level::kWarn: return "WARN";
-    case Level::kErr: return "ERR";
-    case Level::kOff: return "OFF";
+    case Level::kTrace:
+      return "TRACE";
+    case Level::kDebug:
+      return "DEBUG";
+    case Level::kInfo:
+      return "INFO";
+    case Level::kWarn:
+      return "WARN";
+    case Level::kErr:
+      return "ERR";
+    case Level::kOff:
+      return "OFF";
   }
   return "?";
 }
@@ -55,13 +61,20 @@ bool parseLevel(std::string_view text, Level* level) {
   std::string upper(text);
   std::transform(upper.begin(), upper.end(), upper.begin(),
                  [](unsigned char c) { return std::toupper(c); });
-  if (upper == "OFF") *level = Level::kOff;
-  else if (upper == "ERR") *level = Level::kErr;
-  else if (upper == "WARN") *level = Level::kWarn;
-  else if (upper == "INFO") *level = Level::kInfo;
-  else if (upper == "DEBUG") *level = Level::kDebug;
-  else if (upper == "TRACE" || upper == "TRACE_ALL") *level = Level::kTrace;
-  else return false;
+  if (upper == "OFF")
+    *level = Level::kOff;
+  else if (upper == "ERR")
+    *level = Level::kErr;
+  else if (upper == "WARN")
+    *level = Level::kWarn;
+  else if (upper == "INFO")
+    *level = Level::kInfo;
+  else if (upper == "DEBUG")
+    *level = Level::kDebug;
+  else if (upper == "TRACE" || upper == "TRACE_ALL")
+    *level = Level::kTrace;
+  else
+    return false;
   return true;
 }
 

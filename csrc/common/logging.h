@@ -38,9 +38,7 @@ class Message {
 
 }  // namespace poptorch::logging
 
-#define POPTORCH_LOG(LEVEL)                                                   \
-  if (!::poptorch::logging::enabled(::poptorch::logging::Level::LEVEL)) {     \
-  } else                                                                      \
-    ::poptorch::logging::Message(::poptorch::logging::Level::LEVEL, __FILE__, \
-                                 __LINE__)                                    \
-        .stream()
+#define POPTORCH_LOG(LEVEL)                                               \
+  if (!::poptorch::logging::enabled(::poptorch::logging::Level::LEVEL)) { \
+  } else                                                                  \
+    ::poptorch::logging::Message(::poptorch::logging::Level::LEVEL, __FILE__, __LINE__).stream()

@@ -58,7 +58,8 @@ std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key) 
     if (current.size() <= device) current.resize(device + 1, 0);
     if (exe->peak_temporary_bytes.size() <= device) exe->peak_temporary_bytes.resize(device + 1, 0);
     current[device] += sign * program.buffers[b].nbytes;
-    exe->peak_temporary_bytes[device] = std::max(exe->peak_temporary_bytes[device], current[device]);
+    exe->peak_temporary_bytes[device] =
+        std::max(exe->peak_temporary_bytes[device], current[device]);
   };
   for (size_t i = 0; i < program.nodes.size(); ++i) {
     const ir::Node& node = program.nodes[i];

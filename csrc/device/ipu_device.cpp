@@ -30,8 +30,8 @@ int64_t envInt(const char* name, int64_t fallback) {
 // The machine's shape and its memory accounting. Counters are atomics because
 // tensors are created and freed on any thread.
 struct Machine {
-  std::atomic<int> num_ipus{static_cast<int>(
-      std::min<int64_t>(envInt("POPTORCH_NUM_IPUS", 4), kMaxIpus))};
+  std::atomic<int> num_ipus{
+      static_cast<int>(std::min<int64_t>(envInt("POPTORCH_NUM_IPUS", 4), kMaxIpus))};
   std::atomic<int64_t> capacity{envInt("POPTORCH_IPU_MEMORY_MB", 900) * kMiB};
   std::array<std::atomic<int64_t>, kMaxIpus> allocated{};
   std::array<std::atomic<int64_t>, kMaxIpus> peak{};
@@ -54,13 +54,13 @@ struct Block {
 
 void reserve(int index, size_t nbytes) {
   Machine& m = machine();
-  const int64_t now = m.allocated[index].fetch_add(static_cast<int64_t>(nbytes)) +
-                      static_cast<int64_t>(nbytes);
+  const int64_t now =
+      m.allocated[index].fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
   if (now > m.capacity.load()) {
     m.allocated[index].fetch_sub(static_cast<int64_t>(nbytes));
     TORCH_CHECK_WITH(OutOfMemoryError, false, "IPU out of memory. Tried to allocate ",
-                     nbytes / kMiB, " MiB (", nbytes, " bytes) on ipu:", index,
-                     ", which has ", m.capacity.load() / kMiB, " MiB in total and ",
+                     nbytes / kMiB, " MiB (", nbytes, " bytes) on ipu:", index, ", which has ",
+                     m.capacity.load() / kMiB, " MiB in total and ",
                      (now - static_cast<int64_t>(nbytes)) / kMiB,
                      " MiB allocated. Free tensors you no longer need, use a smaller "
                      "batch, spread the model over more IPUs, or raise "
@@ -99,9 +99,7 @@ void rebind(c10::StorageImpl& storage, Block* block) {
 
 class IpuAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t nbytes) override {
-    return allocateLazy(nbytes, current_index);
-  }
+  c10::DataPtr allocate(size_t nbytes) override { return allocateLazy(nbytes, current_index); }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
@@ -136,14 +134,12 @@ void resetPeakMemoryAllocated(int index) {
 
 void configure(int num_ipus, int64_t memory_per_ipu_bytes) {
   TORCH_CHECK_VALUE(num_ipus >= 1 && num_ipus <= kMaxIpus,
-                    "the number of IPUs must be between 1 and ", kMaxIpus, ", got ",
-                    num_ipus);
+                    "the number of IPUs must be between 1 and ", kMaxIpus, ", got ", num_ipus);
   TORCH_CHECK_VALUE(memory_per_ipu_bytes > 0, "IPU memory must be positive, got ",
                     memory_per_ipu_bytes);
   Machine& m = machine();
   for (int i = 0; i < kMaxIpus; ++i) {
-    TORCH_CHECK(m.allocated[i].load() == 0,
-                "cannot reconfigure the IPUs while ipu:", i,
+    TORCH_CHECK(m.allocated[i].load() == 0, "cannot reconfigure the IPUs while ipu:", i,
                 " holds tensors; configure before creating any ipu tensor");
   }
   m.num_ipus = num_ipus;

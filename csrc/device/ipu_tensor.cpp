@@ -17,8 +17,8 @@ void checkSupportedDtype(c10::ScalarType dtype) {
                    "model.float()) or complex64 before moving to the ipu.");
 }
 
-at::Tensor emptyIpuTensor(c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                          c10::ScalarType dtype, int index, int64_t storage_offset) {
+at::Tensor emptyIpuTensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                          int index, int64_t storage_offset) {
   checkSupportedDtype(dtype);
   const size_t itemsize = c10::elementSize(dtype);
   const size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, itemsize, storage_offset);
@@ -27,11 +27,11 @@ at::Tensor emptyIpuTensor(c10::IntArrayRef sizes, c10::IntArrayRef strides,
   return ipuView(storage, sizes, strides, storage_offset, dtype);
 }
 
-at::Tensor ipuView(const c10::Storage& storage, c10::IntArrayRef sizes,
-                   c10::IntArrayRef strides, int64_t storage_offset, c10::ScalarType dtype) {
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::IPU),
-      c10::scalarTypeToTypeMeta(dtype));
+at::Tensor ipuView(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                   int64_t storage_offset, c10::ScalarType dtype) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(storage),
+                                                   c10::DispatchKeySet(c10::DispatchKey::IPU),
+                                                   c10::scalarTypeToTypeMeta(dtype));
   impl->set_sizes_and_strides(sizes, strides, storage_offset);
   return at::Tensor(std::move(impl));
 }

@@ -10,12 +10,12 @@ void checkSupportedDtype(c10::ScalarType dtype);
 
 // A new ipu tensor with the given layout whose bytes are reserved on ipu:index
 // but not yet computed.
-at::Tensor emptyIpuTensor(c10::IntArrayRef sizes, c10::IntArrayRef strides,
-                          c10::ScalarType dtype, int index, int64_t storage_offset = 0);
+at::Tensor emptyIpuTensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                          int index, int64_t storage_offset = 0);
 
 // An ipu tensor on `storage` with the given view metadata (no new bytes).
-at::Tensor ipuView(const c10::Storage& storage, c10::IntArrayRef sizes,
-                   c10::IntArrayRef strides, int64_t storage_offset, c10::ScalarType dtype);
+at::Tensor ipuView(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                   int64_t storage_offset, c10::ScalarType dtype);
 
 // A materialised ipu copy of a host tensor (contiguous, same dtype).
 at::Tensor uploadToIpu(const at::Tensor& host, int index);

@@ -30,9 +30,7 @@ std::string Node::name() const {
   return n.overload_name.empty() ? n.name : absl::StrCat(n.name, ".", n.overload_name);
 }
 
-bool Node::isNondeterministic() const {
-  return op.hasTag(at::Tag::nondeterministic_seeded);
-}
+bool Node::isNondeterministic() const { return op.hasTag(at::Tag::nondeterministic_seeded); }
 
 BufferId Graph::addBuffer(BufferInfo info) {
   buffers.push_back(info);
@@ -44,8 +42,8 @@ namespace {
 std::string refToString(const TensorRef& ref) {
   return absl::StrCat("%", ref.buffer, "<", c10::toString(ref.dtype), "[",
                       absl::StrJoin(ref.sizes, ","), "]",
-                      ref.offset != 0 ? absl::StrCat("+", ref.offset) : "",
-                      ref.conj ? ",conj" : "", ref.neg ? ",neg" : "", ">");
+                      ref.offset != 0 ? absl::StrCat("+", ref.offset) : "", ref.conj ? ",conj" : "",
+                      ref.neg ? ",neg" : "", ">");
 }
 
 std::string argToString(const Arg& arg, const Node& node) {
@@ -78,8 +76,7 @@ std::string Graph::toString() const {
   for (size_t b = 0; b < buffers.size(); ++b) {
     const BufferInfo& info = buffers[b];
     absl::StrAppend(&out, "buffer %", b, ": ", info.nbytes, " bytes on ", info.device.str(),
-                    info.existed_before ? ", input" : "", info.live_after ? ", live" : "",
-                    "\n");
+                    info.existed_before ? ", input" : "", info.live_after ? ", live" : "", "\n");
   }
   for (const Node& node : nodes) {
     std::vector<std::string> outs;

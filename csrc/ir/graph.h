@@ -46,8 +46,8 @@ enum class ArgKind : uint8_t {
 
 struct Arg {
   ArgKind kind = ArgKind::kConstant;
-  c10::IValue value;          // kConstant and kRuntime
-  std::vector<int32_t> refs;  // kTensor and kTensorList
+  c10::IValue value;               // kConstant and kRuntime
+  std::vector<int32_t> refs;       // kTensor and kTensorList
   bool optional_elements = false;  // kTensorList of Tensor?[]
 
   static Arg constant(c10::IValue v) { return {ArgKind::kConstant, std::move(v), {}, false}; }
@@ -58,9 +58,9 @@ struct Arg {
 struct Node {
   c10::OperatorHandle op;
   std::vector<Arg> args;
-  std::vector<TensorRef> inputs;    // every ipu tensor argument, as read
-  std::vector<TensorRef> outputs;   // fresh results, each on a buffer of its own
-  std::vector<BufferId> writes;     // buffers the op mutates in place
+  std::vector<TensorRef> inputs;   // every ipu tensor argument, as read
+  std::vector<TensorRef> outputs;  // fresh results, each on a buffer of its own
+  std::vector<BufferId> writes;    // buffers the op mutates in place
   // Per schema return: true if it is a fresh result (its tensors are the next
   // entries of `outputs`), false if it aliases a mutated argument.
   std::vector<bool> fresh_returns;

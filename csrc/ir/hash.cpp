@@ -43,8 +43,8 @@ uint64_t hashConstant(const c10::IValue& value) {
   if (value.isString()) return hashCombine(14, hashString(value.toStringRef()));
   if (value.isDevice()) {
     const c10::Device d = value.toDevice();
-    return hashCombine(15, hashCombine(static_cast<uint64_t>(d.type()),
-                                       static_cast<uint64_t>(d.index())));
+    return hashCombine(
+        15, hashCombine(static_cast<uint64_t>(d.type()), static_cast<uint64_t>(d.index())));
   }
   if (value.isList()) {
     uint64_t h = 16;
@@ -82,8 +82,12 @@ uint64_t structuralHash(const Graph& graph) {
     for (const Arg& arg : node.args) {
       h = hashCombine(h, static_cast<uint64_t>(arg.kind));
       switch (arg.kind) {
-        case ArgKind::kConstant: h = hashCombine(h, hashConstant(arg.value)); break;
-        case ArgKind::kRuntime: h = hashCombine(h, hashRuntimeKind(arg.value)); break;
+        case ArgKind::kConstant:
+          h = hashCombine(h, hashConstant(arg.value));
+          break;
+        case ArgKind::kRuntime:
+          h = hashCombine(h, hashRuntimeKind(arg.value));
+          break;
         case ArgKind::kTensor:
         case ArgKind::kTensorList:
           for (int32_t r : arg.refs) h = hashCombine(h, r < 0 ? 0 : hashRef(node.inputs[r]));

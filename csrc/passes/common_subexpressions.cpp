@@ -68,12 +68,14 @@ ir::Graph eliminateCommonSubexpressions(ir::Graph graph) {
 
     bool merged = false;
     bool candidate = mergeable(node, graph);
-    for (const ir::TensorRef& out : node.outputs) candidate = candidate && !ever_written[out.buffer];
+    for (const ir::TensorRef& out : node.outputs)
+      candidate = candidate && !ever_written[out.buffer];
     uint64_t key = 0;
     if (candidate) {
       key = ir::hashCombine(std::hash<std::string>{}(node.name()), node.inputs.size());
       for (const ir::Arg& arg : node.args) {
-        if (arg.kind == ir::ArgKind::kConstant) key = ir::hashCombine(key, ir::hashConstant(arg.value));
+        if (arg.kind == ir::ArgKind::kConstant)
+          key = ir::hashCombine(key, ir::hashConstant(arg.value));
       }
       for (size_t i = 0; i < inputs.refs.size(); ++i) {
         key = ir::hashCombine(key, static_cast<uint64_t>(inputs.refs[i].buffer));

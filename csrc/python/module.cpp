@@ -55,13 +55,12 @@ std::shared_ptr<runtime::Program> prepareProgram() {
   return capture::PendingGraph::get().prepare();
 }
 
-std::vector<at::Tensor> runSteps(const runtime::Program& micro_step,
-                                 const runtime::Program* update,
+std::vector<at::Tensor> runSteps(const runtime::Program& micro_step, const runtime::Program* update,
                                  const std::vector<at::Tensor>& device_inputs,
                                  const std::vector<at::Tensor>& host_inputs,
-                                 const std::vector<at::Tensor>& device_outputs,
-                                 int64_t iterations, int64_t accumulation, int64_t replicas,
-                                 int output_mode, int64_t return_period, uint64_t seed) {
+                                 const std::vector<at::Tensor>& device_outputs, int64_t iterations,
+                                 int64_t accumulation, int64_t replicas, int output_mode,
+                                 int64_t return_period, uint64_t seed) {
   runtime::StepShape shape;
   shape.iterations = iterations;
   shape.accumulation = accumulation;

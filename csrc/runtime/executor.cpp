@@ -1,16 +1,14 @@
 #include "runtime/executor.h"
 
-#include "common/ivalue_tensors.h"
-#include "ir/hash.h"
-
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
-#include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#include <ATen/core/LegacyTypeDispatch.h>
+
+#include "common/ivalue_tensors.h"
+#include "ir/hash.h"
 
 namespace poptorch::runtime {
 namespace {
@@ -20,16 +18,16 @@ void releaseIpuStorage(void* context) {
 }
 
 c10::Storage borrowedHostStorage(c10::StorageImpl& ipu_storage) {
-  return c10::Storage(c10::Storage::use_byte_size_t(), ipu_storage.nbytes(),
-                      c10::DataPtr(ipu_storage._mutable_data_ptr_no_checks().get(),
-                                   c10::Device(c10::kCPU)),
-                      /*allocator=*/nullptr, /*resizable=*/false);
+  return c10::Storage(
+      c10::Storage::use_byte_size_t(), ipu_storage.nbytes(),
+      c10::DataPtr(ipu_storage._mutable_data_ptr_no_checks().get(), c10::Device(c10::kCPU)),
+      /*allocator=*/nullptr, /*resizable=*/false);
 }
 
 at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref) {
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      c10::scalarTypeToTypeMeta(ref.dtype));
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(storage),
+                                                   c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                   c10::scalarTypeToTypeMeta(ref.dtype));
   impl->set_sizes_and_strides(ref.sizes, ref.strides, ref.offset);
   impl->_set_conj(ref.conj);
   impl->_set_neg(ref.neg);
@@ -45,7 +43,8 @@ c10::Storage newHostStorage(int64_t nbytes) {
 // them from the captured seed, then gets its own state back.
 class DefaultGeneratorSeeded {
  public:
-  explicit DefaultGeneratorSeeded(uint64_t seed) : generator_(at::detail::getDefaultCPUGenerator()) {
+  explicit DefaultGeneratorSeeded(uint64_t seed)
+      : generator_(at::detail::getDefaultCPUGenerator()) {
     std::lock_guard<std::mutex> lock(generator_.mutex());
     saved_ = generator_.clone();
     generator_.set_current_seed(seed);
@@ -70,7 +69,8 @@ class Run {
     // The caller keeps the ipu storages alive while the run lasts: the host
     // views borrow their bytes without taking references.
     for (size_t b = 0; b < host_.size(); ++b) {
-      if (exe.roles[b] == compiler::BufferRole::kExternal) host_[b] = borrowedHostStorage(*storages[b]);
+      if (exe.roles[b] == compiler::BufferRole::kExternal)
+        host_[b] = borrowedHostStorage(*storages[b]);
     }
   }
 
@@ -80,10 +80,18 @@ class Run {
     for (size_t a = 0; a < node.args.size(); ++a) {
       const ir::Arg& arg = node.args[a];
       switch (arg.kind) {
-        case ir::ArgKind::kConstant: stack_.push_back(arg.value); break;
-        case ir::ArgKind::kRuntime: stack_.push_back(source.args[a].value); break;
-        case ir::ArgKind::kTensor: stack_.push_back(input(node.inputs[arg.refs[0]])); break;
-        case ir::ArgKind::kTensorList: stack_.push_back(tensorList(node, arg)); break;
+        case ir::ArgKind::kConstant:
+          stack_.push_back(arg.value);
+          break;
+        case ir::ArgKind::kRuntime:
+          stack_.push_back(source.args[a].value);
+          break;
+        case ir::ArgKind::kTensor:
+          stack_.push_back(input(node.inputs[arg.refs[0]]));
+          break;
+        case ir::ArgKind::kTensorList:
+          stack_.push_back(tensorList(node, arg));
+          break;
       }
     }
     if (source.seed && node.generator_arg >= 0) {

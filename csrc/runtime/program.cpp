@@ -65,8 +65,8 @@ void Program::run(uint64_t seed_salt) const {
     const int index = static_cast<int>(d);
     const int64_t free = device::memoryCapacity(index) - device::memoryAllocated(index);
     TORCH_CHECK_WITH(OutOfMemoryError, peaks[d] <= free, "IPU out of memory: the graph needs ",
-                     peaks[d] >> 20, " MiB of temporaries on ipu:", index, " but only ",
-                     free >> 20, " MiB are free. Synchronise more often (smaller graphs), "
+                     peaks[d] >> 20, " MiB of temporaries on ipu:", index, " but only ", free >> 20,
+                     " MiB are free. Synchronise more often (smaller graphs), "
                      "use a smaller batch, or raise POPTORCH_IPU_MEMORY_MB.");
   }
   const auto start = std::chrono::steady_clock::now();

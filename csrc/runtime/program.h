@@ -40,9 +40,9 @@ class Program {
           std::shared_ptr<const ir::Graph> graph, std::vector<c10::Storage> storages);
 
   std::shared_ptr<const compiler::Executable> executable_;
-  std::shared_ptr<const ir::Graph> graph_;    // as captured: runtime arguments come from here
-  std::vector<c10::Storage> storages_;        // keeps external buffers alive
-  std::vector<c10::StorageImpl*> external_;   // per buffer, null unless external
+  std::shared_ptr<const ir::Graph> graph_;   // as captured: runtime arguments come from here
+  std::vector<c10::Storage> storages_;       // keeps external buffers alive
+  std::vector<c10::StorageImpl*> external_;  // per buffer, null unless external
   bool uses_default_generator_ = false;
 };
 

@@ -1,7 +1,6 @@
 #include "runtime/step_runner.h"
 
 #include <ATen/ops/zeros.h>
-
 #include <omp.h>
 
 #include <cstring>
@@ -23,12 +22,16 @@ class OutputSlots {
   explicit OutputSlots(const StepShape& shape) : shape_(shape) {
     const int64_t per_iteration = shape.accumulation * shape.replicas;
     switch (shape.output_mode) {
-      case OutputMode::kAll: count_ = shape.iterations * per_iteration; break;
+      case OutputMode::kAll:
+        count_ = shape.iterations * per_iteration;
+        break;
       case OutputMode::kEveryN:
         count_ = (shape.iterations / shape.return_period) * per_iteration;
         break;
       case OutputMode::kFinal:
-      case OutputMode::kSum: count_ = shape.replicas; break;
+      case OutputMode::kSum:
+        count_ = shape.replicas;
+        break;
     }
   }
 
@@ -42,13 +45,15 @@ class OutputSlots {
     const int64_t within = k % per_iteration;
     const int64_t replica = k % shape_.replicas;
     switch (shape_.output_mode) {
-      case OutputMode::kAll: return k;
+      case OutputMode::kAll:
+        return k;
       case OutputMode::kEveryN:
         if ((iteration + 1) % shape_.return_period != 0) return -1;
         return ((iteration + 1) / shape_.return_period - 1) * per_iteration + within;
       case OutputMode::kFinal:
         return k >= (shape_.iterations * per_iteration - shape_.replicas) ? replica : -1;
-      case OutputMode::kSum: return replica;
+      case OutputMode::kSum:
+        return replica;
     }
     return -1;
   }
@@ -62,8 +67,7 @@ class OutputSlots {
 // folded into the first dimension (or stacked, for scalars; or dropped, for one).
 class GatheredOutput {
  public:
-  GatheredOutput(const at::Tensor& device_output, int64_t slots)
-      : device_(device_output) {
+  GatheredOutput(const at::Tensor& device_output, int64_t slots) : device_(device_output) {
     std::vector<int64_t> sizes{slots};
     sizes.insert(sizes.end(), device_output.sizes().begin(), device_output.sizes().end());
     slots_ = at::zeros(sizes, device_output.options().device(c10::kCPU));
@@ -139,7 +143,8 @@ bool lanesApply(const Program& micro_step, const Program* update,
                 const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                 const StepShape& shape) {
   if (update != nullptr || shape.output_mode == OutputMode::kSum ||
-      micro_step.usesDefaultGenerator() || shape.iterations * shape.accumulation * shape.replicas < 2) {
+      micro_step.usesDefaultGenerator() ||
+      shape.iterations * shape.accumulation * shape.replicas < 2) {
     return false;
   }
   std::vector<c10::Storage> own;
@@ -210,7 +215,8 @@ std::vector<at::Tensor> runSteps(const Program& micro_step, const Program* updat
     runInTwoLanes(lane, second, count, host_inputs, slots, outputs, seed);
   } else {
     for (int64_t k = 0; k < count; ++k) {
-      for (size_t j = 0; j < device_inputs.size(); ++j) copyRows(host_inputs[j], k, device_inputs[j]);
+      for (size_t j = 0; j < device_inputs.size(); ++j)
+        copyRows(host_inputs[j], k, device_inputs[j]);
       micro_step.run(seed + static_cast<uint64_t>(k) + 1);
       const int64_t slot = slots.slotOf(k);
       if (slot >= 0) {

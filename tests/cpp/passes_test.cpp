@@ -1,8 +1,9 @@
+#include "passes/passes.h"
+
 #include <gtest/gtest.h>
 
 #include "compiler/executable.h"
 #include "graph_builder.h"
-#include "passes/passes.h"
 
 namespace poptorch {
 namespace {
