@@ -80,15 +80,14 @@ class DeviceOptimizer:
         """What the loss is multiplied by before differentiation."""
         return self.loss_scaling
 
-    def capture_update(self, accumulators: Dict[int, torch.Tensor], reduction: float) -> None:
-        """Records the update of every parameter from its accumulated gradient
-        (times ``reduction``, e.g. 1 / micro-batches for mean), then clears
-        the accumulators."""
+    def capture_update(self, gradients: Dict[int, torch.Tensor], reduction: float,
+                       accumulated: bool) -> None:
+        """Records the update of every parameter that has a gradient (times
+        ``reduction``, e.g. 1 / micro-batches for mean). The gradients serve
+        as scratch; accumulated ones are cleared after the update."""
         with torch.no_grad():
-            # The accumulators serve as the gradients' scratch space: they are
-            # cleared after the update anyway.
-            grads = {key: acc if acc.dtype == torch.float32 else acc.float()
-                     for key, acc in accumulators.items()}
+            grads = {key: g if g.dtype == torch.float32 else g.float()
+                     for key, g in gradients.items()}
             factor = reduction / self.loss_scaling  # a float, or a 0-dim tensor if variable
             for g in grads.values():
                 popoptim.scale_(g, factor)
@@ -96,10 +95,12 @@ class DeviceOptimizer:
                 popoptim.clip_gradients_(list(grads.values()), self.max_grad_norm)
             for params, hyper in self.groups:
                 for p in params:
-                    popoptim.update_parameter(self.algorithm, p, grads[id(p)], self.state[id(p)],
-                                              hyper, self.optimizer)
-            for acc in accumulators.values():
-                acc.zero_()
+                    if id(p) in grads:
+                        popoptim.update_parameter(self.algorithm, p, grads[id(p)],
+                                                  self.state[id(p)], hyper, self.optimizer)
+            if accumulated:
+                for acc in gradients.values():
+                    acc.zero_()
 
     def set_values(self, optimizer: torch.optim.Optimizer) -> None:
         """Takes the new hyper-parameters of ``optimizer`` (setOptimizer)."""

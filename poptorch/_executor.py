@@ -256,9 +256,12 @@ class PoplarExecutor:
         trainable = self._state.parameters(self._model) if self._training else []
         for p in trainable:
             p.requires_grad_(True)
+        # With one micro-batch per iteration, the update applies the gradients
+        # directly in the same program; otherwise they are accumulated first.
+        accumulate = self._training and self._micro_batches_per_iteration > 1
         if self._training:
             self._device_optimizer = DeviceOptimizer(self._optimizer, device_params, _DEVICE)
-            accumulators = {id(p): torch.zeros_like(p) for p in trainable}
+            accumulators = {id(p): torch.zeros_like(p) for p in trainable} if accumulate else {}
         self._device_inputs = []
         device_leaves = []
         for leaf in leaves:
@@ -288,11 +291,14 @@ class PoplarExecutor:
                 grads = torch.autograd.grad(scaled, trainable, allow_unused=True)
                 if all(g is None for g in grads):
                     raise Error("the loss does not depend on any trainable parameter")
-                with torch.no_grad():
-                    for p, g in zip(trainable, grads):
-                        if g is not None:
-                            accumulators[id(p)].add_(g.to(accumulators[id(p)].dtype))
-                del loss, scaled, grads
+                gradients = {id(p): g for p, g in zip(trainable, grads) if g is not None}
+                if accumulate:
+                    with torch.no_grad():
+                        for key, g in gradients.items():
+                            accumulators[key].add_(g.to(accumulators[key].dtype))
+                else:
+                    self._device_optimizer.capture_update(gradients, 1.0, accumulated=False)
+                del loss, scaled, grads, gradients
             out_leaves, self._out_spec = pytree.tree_flatten(outputs)
             self._out_leaves = [o.detach() if isinstance(o, torch.Tensor) else o
                                 for o in out_leaves]
@@ -307,11 +313,11 @@ class PoplarExecutor:
             progress.to(70)
 
         self._update = None
-        if self._training:
+        if accumulate:
             reduction = self._options.Training.accumulation_and_replication_reduction_type
             scale = 1.0 / self._micro_batches_per_iteration if reduction == ReductionType.Mean else 1.0
             with _whole_step_capture():
-                self._device_optimizer.capture_update(accumulators, scale)
+                self._device_optimizer.capture_update(accumulators, scale, accumulated=True)
                 self._update = _C.prepare_program()
         self._attached = True
         logger.debug("captured the %s step: %d nodes%s", "training" if self._training else
