@@ -203,9 +203,13 @@ class PoplarExecutor:
     # --- compilation --------------------------------------------------------
 
     @property
+    def _accumulation(self) -> int:
+        """Micro-batches whose gradients one update accumulates (1 for inference)."""
+        return self._options.Training.gradient_accumulation if self._training else 1
+
+    @property
     def _micro_batches_per_iteration(self) -> int:
-        accumulation = self._options.Training.gradient_accumulation if self._training else 1
-        return accumulation * self._options.replication_factor
+        return self._accumulation * self._options.replication_factor
 
     @property
     def _micro_batches(self) -> int:
@@ -236,13 +240,12 @@ class PoplarExecutor:
 
     def _batch_message(self, index: int, leaf: torch.Tensor) -> str:
         o = self._options
-        accumulation = o.Training.gradient_accumulation if self._training else 1
         n = self._micro_batches
         rows = leaf.shape[0] if leaf.dim() else "no batch dimension"
         return (f"input {index} has {rows} rows: a host batch must be a multiple of "
                 f"deviceIterations ({o.device_iterations}) x replicationFactor "
                 f"({o.replication_factor})" +
-                (f" x gradientAccumulation ({accumulation})" if self._training else "") +
+                (f" x gradientAccumulation ({self._accumulation})" if self._training else "") +
                 f" = {n} micro-batches. Use poptorch.DataLoader(options, ...), which makes "
                 f"batches of batch_size x {n}.")
 
@@ -364,10 +367,9 @@ class PoplarExecutor:
         native_mode = {OutputMode.All: 0, OutputMode.Final: 1, OutputMode.EveryN: 2,
                        OutputMode.Sum: 3}[mode]
         seed = int(torch.randint(1, 2**62, (1,), generator=self._rng))
-        accumulation = o.Training.gradient_accumulation if self._training else 1
         results = iter(_C.run_steps(self._micro_step, self._update, self._device_inputs,
                                     host_inputs, self._device_outputs, o.device_iterations,
-                                    accumulation, o.replication_factor, native_mode,
+                                    self._accumulation, o.replication_factor, native_mode,
                                     o.output_return_period, seed))
         leaves_out = [next(results) if isinstance(x, torch.Tensor) else x
                       for x in self._out_leaves]

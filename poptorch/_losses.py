@@ -66,14 +66,14 @@ def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
 
 def isRunningOnIpu() -> bool:
     """True while PopTorch captures a model for the IPU, False elsewhere."""
-    return getattr(_local, "recorder", None) is not None or getattr(_local, "inference", False)
+    return getattr(_local, "running_on_ipu", False)
 
 
 class RunningOnIpu:
-    """Makes ``isRunningOnIpu()`` true while an inference model is captured."""
+    """Makes ``isRunningOnIpu()`` true while a model is captured for the IPU."""
 
     def __enter__(self) -> None:
-        _local.inference = True
+        _local.running_on_ipu = True
 
     def __exit__(self, *exc) -> None:
-        _local.inference = False
+        _local.running_on_ipu = False

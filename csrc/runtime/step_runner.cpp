@@ -84,8 +84,6 @@ class GatheredOutput {
     }
   }
 
-  const at::Tensor& device() const { return device_; }
-
   at::Tensor result() const {
     if (slots_.size(0) == 1) return slots_.squeeze(0);
     if (device_.dim() == 0) return slots_;
@@ -153,15 +151,22 @@ bool lanesApply(const Program& micro_step, const Program* update,
   return micro_step.writesOnly(own);
 }
 
+// Runs micro-batches first, first + stride, ... of `count` on `lane`, and
+// `update` (if any) after every `per_iteration`-th micro-batch.
 void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
              const std::vector<at::Tensor>& host_inputs, const OutputSlots& slots,
-             std::vector<GatheredOutput>& outputs, uint64_t seed) {
+             std::vector<GatheredOutput>& outputs, uint64_t seed, const Program* update = nullptr,
+             int64_t per_iteration = 1) {
   for (int64_t k = first; k < count; k += stride) {
     for (size_t j = 0; j < lane.inputs.size(); ++j) copyRows(host_inputs[j], k, lane.inputs[j]);
     lane.program->run(seed + static_cast<uint64_t>(k) + 1);
     const int64_t slot = slots.slotOf(k);
-    if (slot < 0) continue;
-    for (size_t o = 0; o < outputs.size(); ++o) outputs[o].gather(slot, false, lane.outputs[o]);
+    if (slot >= 0) {
+      for (size_t o = 0; o < outputs.size(); ++o) {
+        outputs[o].gather(slot, slots.sums(), lane.outputs[o]);
+      }
+    }
+    if (update != nullptr && (k + 1) % per_iteration == 0) update->run();
   }
 }
 
@@ -214,16 +219,7 @@ std::vector<at::Tensor> runSteps(const Program& micro_step, const Program* updat
     auto [twin, second] = twinLane(micro_step, device_inputs, device_outputs);
     runInTwoLanes(lane, second, count, host_inputs, slots, outputs, seed);
   } else {
-    for (int64_t k = 0; k < count; ++k) {
-      for (size_t j = 0; j < device_inputs.size(); ++j)
-        copyRows(host_inputs[j], k, device_inputs[j]);
-      micro_step.run(seed + static_cast<uint64_t>(k) + 1);
-      const int64_t slot = slots.slotOf(k);
-      if (slot >= 0) {
-        for (GatheredOutput& out : outputs) out.gather(slot, slots.sums(), out.device());
-      }
-      if (update != nullptr && (k + 1) % per_iteration == 0) update->run();
-    }
+    runLane(lane, 0, 1, count, host_inputs, slots, outputs, seed, update, per_iteration);
   }
 
   std::vector<at::Tensor> results;
