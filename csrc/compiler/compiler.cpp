@@ -1,3 +1,5 @@
+#include <c10/util/strides.h>
+
 #include <algorithm>
 
 #include "common/logging.h"
@@ -28,13 +30,41 @@ std::vector<BufferRole> assignRoles(const ir::Graph& program) {
   return roles;
 }
 
+std::vector<bool> findFlexibleLayouts(const ir::Graph& program,
+                                      const std::vector<BufferRole>& roles) {
+  std::vector<bool> flexible(program.buffers.size());
+  std::vector<const ir::TensorRef*> seen(program.buffers.size(), nullptr);
+  for (size_t b = 0; b < flexible.size(); ++b) flexible[b] = roles[b] == BufferRole::kProduced;
+  auto visit = [&](const ir::TensorRef& ref) {
+    const ir::BufferId b = ref.buffer;
+    if (!flexible[b]) return;
+    if (seen[b] != nullptr) {
+      flexible[b] = ref == *seen[b];
+      return;
+    }
+    seen[b] = &ref;
+    flexible[b] =
+        ref.sizes.size() == 4 && ref.offset == 0 && !ref.conj && !ref.neg &&
+        ref.numel() * static_cast<int64_t>(c10::elementSize(ref.dtype)) ==
+            program.buffers[b].nbytes &&
+        c10::IntArrayRef(ref.strides) == c10::IntArrayRef(c10::contiguous_strides(ref.sizes));
+  };
+  for (const ir::Node& node : program.nodes) {
+    for (const ir::TensorRef& in : node.inputs) visit(in);
+    for (const ir::TensorRef& out : node.outputs) visit(out);
+  }
+  return flexible;
+}
+
 }  // namespace
 
 std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key) {
   auto exe = std::make_shared<Executable>();
   exe->key = key;
-  exe->program = passes::eliminateCommonSubexpressions(passes::eliminateDeadCode(graph));
+  exe->program =
+      passes::planLayouts(passes::eliminateCommonSubexpressions(passes::eliminateDeadCode(graph)));
   exe->roles = assignRoles(exe->program);
+  exe->flexible_layout = findFlexibleLayouts(exe->program, exe->roles);
 
   // Free each temporary after its last use, and model the peak they need.
   const ir::Graph& program = exe->program;

@@ -24,6 +24,10 @@ struct Executable {
   uint64_t key = 0;
   ir::Graph program;
   std::vector<BufferRole> roles;
+  // Per buffer: a 4-D temporary that every node reads and writes whole in its
+  // captured (contiguous) layout. The runtime may hold it in channels-last
+  // layout instead when its producer returns it so, rather than copy it back.
+  std::vector<bool> flexible_layout;
   // release_after[i]: temporaries whose last use is node i of `program`.
   std::vector<std::vector<ir::BufferId>> release_after;
   // Modelled peak of temporary memory, per ipu device index.

@@ -48,8 +48,11 @@ std::string refToString(const TensorRef& ref) {
 
 std::string argToString(const Arg& arg, const Node& node) {
   switch (arg.kind) {
-    case ArgKind::kTensor:
-      return refToString(node.inputs[arg.refs[0]]);
+    case ArgKind::kTensor: {
+      constexpr const char* kLayoutSuffix[] = {"", "@contiguous", "@channels_last"};
+      return absl::StrCat(refToString(node.inputs[arg.refs[0]]),
+                          kLayoutSuffix[static_cast<size_t>(arg.layout)]);
+    }
     case ArgKind::kTensorList: {
       std::vector<std::string> parts;
       for (int32_t r : arg.refs) parts.push_back(r < 0 ? "None" : refToString(node.inputs[r]));

@@ -44,15 +44,24 @@ enum class ArgKind : uint8_t {
                 // Kept out of the structural hash.
 };
 
+// The memory layout in which the runtime hands a tensor argument to its
+// kernel; chosen by passes::planLayouts, not part of the captured structure.
+enum class Layout : uint8_t {
+  kAsIs,          // whatever layout the buffer holds
+  kContiguous,    // row-major (NCHW)
+  kChannelsLast,  // NHWC
+};
+
 struct Arg {
   ArgKind kind = ArgKind::kConstant;
   c10::IValue value;               // kConstant and kRuntime
   std::vector<int32_t> refs;       // kTensor and kTensorList
   bool optional_elements = false;  // kTensorList of Tensor?[]
+  Layout layout = Layout::kAsIs;   // kTensor
 
-  static Arg constant(c10::IValue v) { return {ArgKind::kConstant, std::move(v), {}, false}; }
-  static Arg runtime(c10::IValue v) { return {ArgKind::kRuntime, std::move(v), {}, false}; }
-  static Arg tensor(int32_t ref) { return {ArgKind::kTensor, {}, {ref}, false}; }
+  static Arg constant(c10::IValue v) { return {ArgKind::kConstant, std::move(v)}; }
+  static Arg runtime(c10::IValue v) { return {ArgKind::kRuntime, std::move(v)}; }
+  static Arg tensor(int32_t ref) { return {ArgKind::kTensor, {}, {ref}}; }
 };
 
 struct Node {

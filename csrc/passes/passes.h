@@ -16,4 +16,11 @@ ir::Graph eliminateDeadCode(ir::Graph graph);
 // temporaries and are never written afterwards are merged.
 ir::Graph eliminateCommonSubexpressions(ir::Graph graph);
 
+// Chooses the layout of each 2-D convolution's tensors (forward and
+// backward): channels-last, which oneDNN runs faster than NCHW, where that is
+// safe, NCHW otherwise. The runtime then keeps the temporaries that follow a
+// channels-last convolution in that layout (see
+// compiler::Executable::flexible_layout), so a chain converts once.
+ir::Graph planLayouts(ir::Graph graph);
+
 }  // namespace poptorch::passes

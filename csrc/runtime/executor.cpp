@@ -4,8 +4,12 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
+#include <ATen/record_function.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/MemoryFormat.h>
 #include <c10/core/TensorImpl.h>
+
+#include <algorithm>
 
 #include "common/ivalue_tensors.h"
 #include "ir/hash.h"
@@ -24,14 +28,18 @@ c10::Storage borrowedHostStorage(c10::StorageImpl& ipu_storage) {
       /*allocator=*/nullptr, /*resizable=*/false);
 }
 
-at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref) {
+at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref, c10::IntArrayRef strides) {
   auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(storage),
                                                    c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                    c10::scalarTypeToTypeMeta(ref.dtype));
-  impl->set_sizes_and_strides(ref.sizes, ref.strides, ref.offset);
+  impl->set_sizes_and_strides(ref.sizes, strides, ref.offset);
   impl->_set_conj(ref.conj);
   impl->_set_neg(ref.neg);
   return at::Tensor(std::move(impl));
+}
+
+at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref) {
+  return viewOf(storage, ref, ref.strides);
 }
 
 c10::Storage newHostStorage(int64_t nbytes) {
@@ -65,7 +73,10 @@ class Run {
  public:
   Run(const compiler::Executable& exe, const std::vector<c10::StorageImpl*>& storages,
       uint64_t seed_salt)
-      : exe_(exe), host_(exe.program.buffers.size()), seed_salt_(seed_salt) {
+      : exe_(exe),
+        host_(exe.program.buffers.size()),
+        channels_last_(exe.program.buffers.size(), false),
+        seed_salt_(seed_salt) {
     // The caller keeps the ipu storages alive while the run lasts: the host
     // views borrow their bytes without taking references.
     for (size_t b = 0; b < host_.size(); ++b) {
@@ -77,6 +88,8 @@ class Run {
   void node(size_t index, const ir::Node& source) {
     const ir::Node& node = exe_.program.nodes[index];
     stack_.clear();
+    bool channels_last = false;  // some input is in channels-last layout
+    bool planned = false;        // the compiler chose the layout of some input
     for (size_t a = 0; a < node.args.size(); ++a) {
       const ir::Arg& arg = node.args[a];
       switch (arg.kind) {
@@ -86,14 +99,20 @@ class Run {
         case ir::ArgKind::kRuntime:
           stack_.push_back(source.args[a].value);
           break;
-        case ir::ArgKind::kTensor:
-          stack_.push_back(input(node.inputs[arg.refs[0]]));
+        case ir::ArgKind::kTensor: {
+          const ir::TensorRef& ref = node.inputs[arg.refs[0]];
+          stack_.push_back(input(ref, arg.layout));
+          channels_last = channels_last || arg.layout == ir::Layout::kChannelsLast ||
+                          (arg.layout == ir::Layout::kAsIs && channels_last_[ref.buffer]);
+          planned = planned || arg.layout != ir::Layout::kAsIs;
           break;
+        }
         case ir::ArgKind::kTensorList:
           stack_.push_back(tensorList(node, arg));
           break;
       }
     }
+    if (channels_last && !planned) matchChannelsLast(node);
     if (source.seed && node.generator_arg >= 0) {
       stack_[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(seedOf(source));
       call(node);
@@ -123,13 +142,64 @@ class Run {
   }
 
   void call(const ir::Node& node) {
+    // Redispatching skips the dispatcher's own profiling hook: record the
+    // node here so torch.profiler shows what an ipu program spends its time on.
+    RECORD_FUNCTION(node.op.schema(),
+                    c10::ArrayRef<const c10::IValue>(stack_.data(), stack_.size()));
     node.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
   }
 
   at::Tensor input(const ir::TensorRef& ref) {
     c10::Storage& storage = host_[ref.buffer];
     if (!storage) storage = newHostStorage(exe_.program.buffers[ref.buffer].nbytes);
+    if (channels_last_[ref.buffer]) return viewOf(storage, ref, channelsLastStrides(ref));
     return viewOf(storage, ref);
+  }
+
+  // Some CPU kernels silently assume that all their 4-D inputs share one
+  // layout (native_group_norm_backward): in eager mode the autograd formulas
+  // arrange it, but they ran at capture, when every tensor was contiguous. So
+  // once one input is channels-last, the others follow, unless the node
+  // writes to them.
+  void matchChannelsLast(const ir::Node& node) {
+    for (size_t a = 0; a < node.args.size(); ++a) {
+      const ir::Arg& arg = node.args[a];
+      if (arg.kind != ir::ArgKind::kTensor) continue;
+      const ir::TensorRef& ref = node.inputs[arg.refs[0]];
+      if (ref.sizes.size() != 4 ||
+          stack_[a].toTensor().suggest_memory_format() == c10::MemoryFormat::ChannelsLast ||
+          std::find(node.writes.begin(), node.writes.end(), ref.buffer) != node.writes.end()) {
+        continue;
+      }
+      stack_[a] = input(ref, ir::Layout::kChannelsLast);
+    }
+  }
+
+  // `ref` in `layout`, as kernels recognise it: a view when its bytes are
+  // already in that order, a copy otherwise.
+  at::Tensor input(const ir::TensorRef& ref, ir::Layout layout) {
+    at::Tensor tensor = input(ref);
+    switch (layout) {
+      case ir::Layout::kAsIs:
+        return tensor;
+      case ir::Layout::kContiguous:
+        return tensor.contiguous();
+      case ir::Layout::kChannelsLast: {
+        constexpr auto kChannelsLast = c10::MemoryFormat::ChannelsLast;
+        if (tensor.suggest_memory_format() == kChannelsLast) return tensor;
+        // Size-1 dimensions make a tensor both contiguous and channels-last;
+        // it then reads as NCHW unless its strides say otherwise.
+        if (tensor.is_contiguous(kChannelsLast)) {
+          return viewOf(host_[ref.buffer], ref, channelsLastStrides(ref));
+        }
+        return tensor.contiguous(kChannelsLast);
+      }
+    }
+    return tensor;
+  }
+
+  static std::vector<int64_t> channelsLastStrides(const ir::TensorRef& ref) {
+    return c10::get_channels_last_strides_2d(c10::IntArrayRef(ref.sizes));
   }
 
   c10::IValue tensorList(const ir::Node& node, const ir::Arg& arg) {
@@ -148,10 +218,11 @@ class Run {
   }
 
   // A kernel's result can become the buffer itself when it has exactly the
-  // layout capture predicted and does not alias one of the node's inputs.
-  bool adoptable(const ir::Node& node, const ir::TensorRef& ref, const at::Tensor& result) const {
+  // layout `strides` and does not alias one of the node's inputs.
+  bool adoptable(const ir::Node& node, const ir::TensorRef& ref, const at::Tensor& result,
+                 c10::IntArrayRef strides) const {
     if (result.scalar_type() != ref.dtype || result.storage_offset() != ref.offset ||
-        !result.sizes().equals(ref.sizes) || !result.strides().equals(ref.strides) ||
+        !result.sizes().equals(ref.sizes) || !result.strides().equals(strides) ||
         static_cast<int64_t>(result.storage().nbytes()) < exe_.program.buffers[ref.buffer].nbytes) {
       return false;
     }
@@ -173,9 +244,16 @@ class Run {
       return;
     }
     c10::Storage& storage = host_[ref.buffer];
+    channels_last_[ref.buffer] = false;
     if (exe_.roles[ref.buffer] != compiler::BufferRole::kExternal) {
-      if (adoptable(node, ref, result)) {
+      if (adoptable(node, ref, result, ref.strides)) {
         storage = result.storage();
+        return;
+      }
+      if (exe_.flexible_layout[ref.buffer] &&
+          adoptable(node, ref, result, channelsLastStrides(ref))) {
+        storage = result.storage();
+        channels_last_[ref.buffer] = true;
         return;
       }
       storage = newHostStorage(exe_.program.buffers[ref.buffer].nbytes);
@@ -185,6 +263,9 @@ class Run {
 
   const compiler::Executable& exe_;
   std::vector<c10::Storage> host_;
+  // Per flexible-layout buffer: its producer's result was kept in
+  // channels-last layout in this run.
+  std::vector<bool> channels_last_;
   uint64_t seed_salt_;
   torch::jit::Stack stack_;
 };

@@ -5,6 +5,8 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ir/graph.h"
 
@@ -69,6 +71,50 @@ class GraphBuilder {
     return append(std::move(node));
   }
 
+  // convolution(input, weight, bias=None, stride 1, padding 0, dilation 1,
+  // transposed, output_padding 0, groups 1); `out` its result.
+  ir::Node& convolution(ir::TensorRef input, ir::TensorRef weight, ir::TensorRef out,
+                        bool transposed = false) {
+    ir::Node node(aten("aten::convolution"));
+    node.inputs = {input, weight};
+    const auto [ones, zeros] = spatialParameters(input);
+    node.args = {ir::Arg::tensor(0),
+                 ir::Arg::tensor(1),
+                 ir::Arg::constant({}),
+                 ir::Arg::constant(ones),
+                 ir::Arg::constant(zeros),
+                 ir::Arg::constant(ones),
+                 ir::Arg::constant(transposed),
+                 ir::Arg::constant(zeros),
+                 ir::Arg::constant(int64_t{1})};
+    node.outputs = {out};
+    node.fresh_returns = {true};
+    return append(std::move(node));
+  }
+
+  // The gradients of convolution(input, weight) for the same parameters.
+  ir::Node& convolutionBackward(ir::TensorRef grad_output, ir::TensorRef input,
+                                ir::TensorRef weight, ir::TensorRef grad_input,
+                                ir::TensorRef grad_weight) {
+    ir::Node node(aten("aten::convolution_backward"));
+    node.inputs = {grad_output, input, weight};
+    const auto [ones, zeros] = spatialParameters(input);
+    node.args = {ir::Arg::tensor(0),
+                 ir::Arg::tensor(1),
+                 ir::Arg::tensor(2),
+                 ir::Arg::constant({}),
+                 ir::Arg::constant(ones),
+                 ir::Arg::constant(zeros),
+                 ir::Arg::constant(ones),
+                 ir::Arg::constant(false),
+                 ir::Arg::constant(zeros),
+                 ir::Arg::constant(int64_t{1}),
+                 ir::Arg::constant(std::vector<bool>{true, true, false})};
+    node.outputs = {grad_input, grad_weight};
+    node.fresh_returns = {true, true, true};
+    return append(std::move(node));
+  }
+
   ir::Node& append(ir::Node node) {
     node.source_index = static_cast<int32_t>(graph.nodes.size());
     graph.nodes.push_back(std::move(node));
@@ -76,6 +122,14 @@ class GraphBuilder {
   }
 
   ir::Graph graph;
+
+ private:
+  // Per spatial dimension of a convolution's input: ones and zeros.
+  static std::pair<std::vector<int64_t>, std::vector<int64_t>> spatialParameters(
+      const ir::TensorRef& input) {
+    const size_t spatial = input.sizes.size() - 2;
+    return {std::vector<int64_t>(spatial, 1), std::vector<int64_t>(spatial, 0)};
+  }
 };
 
 }  // namespace poptorch::testing

@@ -129,6 +129,81 @@ TEST(Compiler, PlansRolesReleasesAndPeakMemory) {
   EXPECT_EQ(exe->peak_temporary_bytes[0], 32);
 }
 
+std::vector<ir::Layout> layouts(const ir::Node& node) {
+  std::vector<ir::Layout> result;
+  for (const ir::Arg& arg : node.args) {
+    if (arg.kind == ir::ArgKind::kTensor) result.push_back(arg.layout);
+  }
+  return result;
+}
+
+TEST(Layouts, Plans2dConvolutionsChannelsLast) {
+  GraphBuilder b;
+  const auto x = b.buffer(2 * 3 * 8 * 8, true);
+  const auto w = b.buffer(4 * 3 * 3 * 3, true);
+  const auto y = b.buffer(2 * 4 * 6 * 6, false, true);
+  const auto gx = b.buffer(2 * 3 * 8 * 8, false, true);
+  const auto gw = b.buffer(4 * 3 * 3 * 3, false, true);
+  const auto x_ref = b.ref(x, {2, 3, 8, 8});
+  const auto w_ref = b.ref(w, {4, 3, 3, 3});
+  b.convolution(x_ref, w_ref, b.ref(y, {2, 4, 6, 6}));
+  b.convolutionBackward(b.ref(y, {2, 4, 6, 6}), x_ref, w_ref, b.ref(gx, {2, 3, 8, 8}),
+                        b.ref(gw, {4, 3, 3, 3}));
+  const ir::Graph out = passes::planLayouts(b.graph);
+  constexpr auto kChannelsLast = ir::Layout::kChannelsLast;
+  EXPECT_EQ(layouts(out.nodes[0]), std::vector<ir::Layout>(2, kChannelsLast));
+  EXPECT_EQ(layouts(out.nodes[1]), std::vector<ir::Layout>(3, kChannelsLast));
+}
+
+TEST(Layouts, KeepsTransposedAndNarrowStrided1x1ConvolutionsNchw) {
+  GraphBuilder b;
+  const auto x = b.buffer(2 * 3 * 8 * 8, true);
+  const auto w = b.buffer(3 * 4 * 3 * 3, true);
+  const auto y = b.buffer(2 * 4 * 10 * 10, false, true);
+  b.convolution(b.ref(x, {2, 3, 8, 8}), b.ref(w, {3, 4, 3, 3}), b.ref(y, {2, 4, 10, 10}),
+                /*transposed=*/true);
+  const auto w1 = b.buffer(4 * 3, true);
+  const auto y1 = b.buffer(2 * 4 * 4 * 4, false, true);
+  b.convolution(b.ref(x, {2, 3, 8, 8}), b.ref(w1, {4, 3, 1, 1}), b.ref(y1, {2, 4, 4, 4}));
+  b.graph.nodes.back().args[3] = ir::Arg::constant(std::vector<int64_t>{2, 2});  // stride
+  for (const ir::Node& node : passes::planLayouts(b.graph).nodes) {
+    EXPECT_EQ(layouts(node), std::vector<ir::Layout>(2, ir::Layout::kContiguous)) << node.name();
+  }
+}
+
+TEST(Layouts, LeavesOtherRanksAsTheyAre) {
+  GraphBuilder b;
+  const auto x = b.buffer(2 * 3 * 8, true);
+  const auto w = b.buffer(4 * 3 * 3, true);
+  const auto y = b.buffer(2 * 4 * 6, false, true);
+  b.convolution(b.ref(x, {2, 3, 8}), b.ref(w, {4, 3, 3}), b.ref(y, {2, 4, 6}));
+  EXPECT_EQ(layouts(passes::planLayouts(b.graph).nodes[0]),
+            std::vector<ir::Layout>(2, ir::Layout::kAsIs));
+}
+
+TEST(Compiler, GivesFlexibleLayoutsToTemporariesReadWhole) {
+  GraphBuilder b;
+  const auto x = b.buffer(2 * 3 * 8 * 8, true);
+  const auto w = b.buffer(4 * 3 * 3 * 3, true);
+  const auto w2 = b.buffer(4 * 3 * 3 * 3, true);
+  const auto whole = b.buffer(2 * 4 * 6 * 6);
+  const auto viewed = b.buffer(2 * 4 * 6 * 6);
+  const auto out = b.buffer(2 * 4 * 6 * 6, false, true);
+  const auto flat = b.buffer(2 * 144, false, true);
+  b.convolution(b.ref(x, {2, 3, 8, 8}), b.ref(w, {4, 3, 3, 3}), b.ref(whole, {2, 4, 6, 6}));
+  b.convolution(b.ref(x, {2, 3, 8, 8}), b.ref(w2, {4, 3, 3, 3}), b.ref(viewed, {2, 4, 6, 6}));
+  b.binary(aten("aten::add", "Tensor"), b.ref(whole, {2, 4, 6, 6}), b.ref(whole, {2, 4, 6, 6}),
+           b.ref(out, {2, 4, 6, 6}));
+  // A flattening view of `viewed` pins its layout: the view's strides assume it.
+  b.binary(aten("aten::mul", "Tensor"), b.ref(viewed, {2, 144}), b.ref(viewed, {2, 144}),
+           b.ref(flat, {2, 144}));
+  const auto exe = compiler::compile(b.graph, 43);
+  EXPECT_TRUE(exe->flexible_layout[whole]);
+  EXPECT_FALSE(exe->flexible_layout[viewed]);
+  EXPECT_FALSE(exe->flexible_layout[x]);    // existed before the graph
+  EXPECT_FALSE(exe->flexible_layout[out]);  // outlives it
+}
+
 TEST(ExecutableCache, FindsByKey) {
   auto& cache = compiler::ExecutableCache::get();
   cache.clear();
