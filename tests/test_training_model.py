@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import poptorch
+from conftest import run_python
 
 
 class Classifier(torch.nn.Module):
@@ -125,6 +126,21 @@ def test_inference_output_modes(mode, expected_rows):
         torch.testing.assert_close(out, rows.sum(0).reshape(-1, 3))
     else:
         torch.testing.assert_close(out, rows[1::2].reshape(-1, 3))
+
+
+def test_inference_lanes_cover_every_micro_batch_with_one_openmp_thread():
+    # The two inference lanes are an OpenMP team; a team of one runs both in turn.
+    code = """
+import torch, poptorch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU())
+x = torch.randn(5 * 3, 6)
+out = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(5))(x)
+torch.testing.assert_close(out, model(x))
+print("ok")
+"""
+    result = run_python(code, env={"OMP_NUM_THREADS": "1"})
+    assert result.stdout.strip() == "ok", result.stderr
 
 
 def test_training_losses_come_back_per_output_mode():

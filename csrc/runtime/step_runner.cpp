@@ -5,7 +5,6 @@
 
 #include <cstring>
 #include <exception>
-#include <thread>
 
 #include "common/metrics.h"
 #include "device/ipu_device.h"
@@ -170,31 +169,27 @@ void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
   }
 }
 
-// Runs micro-batches on two threads, each with a one-thread OpenMP team.
+// Runs micro-batches on two lanes at once, on the threads of an OpenMP team of
+// two: its threads persist between calls, and the kernels inside it run on one
+// thread each (OpenMP does not nest). A smaller team runs both lanes in turn.
 void runInTwoLanes(const Lane& first, const Lane& second, int64_t count,
                    const std::vector<at::Tensor>& host_inputs, const OutputSlots& slots,
                    std::vector<GatheredOutput>& outputs, uint64_t seed) {
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  std::exception_ptr error;
-  std::thread helper([&] {
-    omp_set_num_threads(1);
-    try {
-      runLane(second, 1, 2, count, host_inputs, slots, outputs, seed);
-    } catch (...) {
-      error = std::current_exception();
+  const Lane* lanes[] = {&first, &second};
+  std::exception_ptr errors[2];
+#pragma omp parallel num_threads(2)
+  {
+    for (int l = omp_get_thread_num(); l < 2; l += omp_get_num_threads()) {
+      try {
+        runLane(*lanes[l], l, 2, count, host_inputs, slots, outputs, seed);
+      } catch (...) {
+        errors[l] = std::current_exception();
+      }
     }
-  });
-  try {
-    runLane(first, 0, 2, count, host_inputs, slots, outputs, seed);
-  } catch (...) {
-    helper.join();
-    omp_set_num_threads(threads);
-    throw;
   }
-  helper.join();
-  omp_set_num_threads(threads);
-  if (error) std::rethrow_exception(error);
+  for (const std::exception_ptr& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
 }
 
 }  // namespace
