@@ -167,18 +167,20 @@ class Run {
       if (arg.kind != ir::ArgKind::kTensor) continue;
       const ir::TensorRef& ref = node.inputs[arg.refs[0]];
       if (ref.sizes.size() != 4 ||
-          stack_[a].toTensor().suggest_memory_format() == c10::MemoryFormat::ChannelsLast ||
           std::find(node.writes.begin(), node.writes.end(), ref.buffer) != node.writes.end()) {
         continue;
       }
-      stack_[a] = input(ref, ir::Layout::kChannelsLast);
+      stack_[a] = inLayout(stack_[a].toTensor(), ref, ir::Layout::kChannelsLast);
     }
   }
 
-  // `ref` in `layout`, as kernels recognise it: a view when its bytes are
-  // already in that order, a copy otherwise.
   at::Tensor input(const ir::TensorRef& ref, ir::Layout layout) {
-    at::Tensor tensor = input(ref);
+    return inLayout(input(ref), ref, layout);
+  }
+
+  // `tensor`, the view `ref`, in `layout` as kernels recognise it: a view when
+  // its bytes are already in that order, a copy otherwise.
+  at::Tensor inLayout(at::Tensor tensor, const ir::TensorRef& ref, ir::Layout layout) {
     switch (layout) {
       case ir::Layout::kAsIs:
         return tensor;
