@@ -168,3 +168,16 @@ def test_streaming_chunks_to_the_device_queue_keeps_results_and_the_cache_right(
         env={"POPTORCH_STREAM_NODES": "4"},
     )
     assert result.stdout.split() == ["True", "True"], result.stdout + result.stderr
+
+
+def test_torch_profiler_sees_the_nodes_a_program_runs():
+    from torch.profiler import profile
+
+    def count_mm(device):
+        a, b = torch.randn(4, 5), torch.randn(5, 3)
+        with profile() as prof:
+            (a.to(device) @ b.to(device)).cpu()
+        return sum(e.count for e in prof.key_averages() if e.key == "aten::mm")
+
+    # On the ipu the op is recorded when captured and again when it runs.
+    assert count_mm("ipu") == count_mm("cpu") + 1
