@@ -4,6 +4,8 @@
 
 #include "common/logging.h"
 #include "compiler/executable.h"
+#include "compiler/memory_plan.h"
+#include "compiler/out_variants.h"
 #include "passes/passes.h"
 
 namespace poptorch::compiler {
@@ -66,46 +68,12 @@ std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key) 
   exe->roles = assignRoles(exe->program);
   exe->flexible_layout = findFlexibleLayouts(exe->program, exe->roles);
 
-  // Free each temporary after its last use, and model the peak they need.
-  const ir::Graph& program = exe->program;
-  std::vector<int32_t> last_use(program.buffers.size(), -1);
-  for (size_t i = 0; i < program.nodes.size(); ++i) {
-    const ir::Node& node = program.nodes[i];
-    for (const ir::TensorRef& in : node.inputs) last_use[in.buffer] = static_cast<int32_t>(i);
-    for (const ir::TensorRef& out : node.outputs) last_use[out.buffer] = static_cast<int32_t>(i);
-  }
-  exe->release_after.resize(program.nodes.size());
-  for (size_t b = 0; b < program.buffers.size(); ++b) {
-    const BufferRole role = exe->roles[b];
-    if ((role == BufferRole::kProduced || role == BufferRole::kScratch) && last_use[b] >= 0) {
-      exe->release_after[last_use[b]].push_back(static_cast<ir::BufferId>(b));
-    }
-  }
-  std::vector<int64_t> current;
-  std::vector<bool> counted(program.buffers.size(), false);
-  auto account = [&](ir::BufferId b, int64_t sign) {
-    const size_t device = static_cast<size_t>(std::max<int>(0, program.buffers[b].device.index()));
-    if (current.size() <= device) current.resize(device + 1, 0);
-    if (exe->peak_temporary_bytes.size() <= device) exe->peak_temporary_bytes.resize(device + 1, 0);
-    current[device] += sign * program.buffers[b].nbytes;
-    exe->peak_temporary_bytes[device] =
-        std::max(exe->peak_temporary_bytes[device], current[device]);
-  };
-  for (size_t i = 0; i < program.nodes.size(); ++i) {
-    const ir::Node& node = program.nodes[i];
-    auto first_use = [&](ir::BufferId b) {
-      if (exe->roles[b] == BufferRole::kExternal || counted[b]) return;
-      counted[b] = true;
-      account(b, +1);
-    };
-    for (const ir::TensorRef& in : node.inputs) first_use(in.buffer);
-    for (const ir::TensorRef& out : node.outputs) first_use(out.buffer);
-    for (ir::BufferId b : exe->release_after[i]) account(b, -1);
-  }
+  planMemory(*exe);
+  chooseOutVariants(*exe);
   POPTORCH_LOG(kDebug) << "compiled graph " << std::hex << key << std::dec << ": "
-                       << graph.nodes.size() << " nodes captured, " << program.nodes.size()
+                       << graph.nodes.size() << " nodes captured, " << exe->program.nodes.size()
                        << " after optimisation";
-  POPTORCH_LOG(kTrace) << "optimised program:\n" << program.toString();
+  POPTORCH_LOG(kTrace) << "optimised program:\n" << exe->program.toString();
   return exe;
 }
 

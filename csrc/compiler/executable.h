@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -32,6 +33,13 @@ struct Executable {
   std::vector<std::vector<ir::BufferId>> release_after;
   // Modelled peak of temporary memory, per ipu device index.
   std::vector<int64_t> peak_temporary_bytes;
+  // Per buffer: where a temporary lives in the run's arena (bytes; -1 for the
+  // others). Temporaries alive at the same time never overlap.
+  std::vector<int64_t> arena_offset;
+  int64_t arena_bytes = 0;
+  // Per node of `program`: the out= overload that writes its result straight
+  // into the result's buffer, for nodes that can use one.
+  std::vector<std::optional<c10::OperatorHandle>> out_variant;
 };
 
 // Optimises `graph` and plans it. `key` is its structural hash.

@@ -13,6 +13,7 @@
 
 #include "common/ivalue_tensors.h"
 #include "ir/hash.h"
+#include "runtime/arena.h"
 
 namespace poptorch::runtime {
 namespace {
@@ -40,11 +41,6 @@ at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref, c10::In
 
 at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref) {
   return viewOf(storage, ref, ref.strides);
-}
-
-c10::Storage newHostStorage(int64_t nbytes) {
-  return c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(nbytes),
-                      c10::GetCPUAllocator(), /*resizable=*/false);
 }
 
 // For random ops without a generator argument: the default generator runs
@@ -76,7 +72,8 @@ class Run {
       : exe_(exe),
         host_(exe.program.buffers.size()),
         channels_last_(exe.program.buffers.size(), false),
-        seed_salt_(seed_salt) {
+        seed_salt_(seed_salt),
+        arena_(ArenaPool::get().acquire(exe.arena_bytes)) {
     // The caller keeps the ipu storages alive while the run lasts: the host
     // views borrow their bytes without taking references.
     for (size_t b = 0; b < host_.size(); ++b) {
@@ -113,16 +110,30 @@ class Run {
       }
     }
     if (channels_last && !planned) matchChannelsLast(node);
+    const std::optional<c10::OperatorHandle>& out_variant = exe_.out_variant[index];
+    if (out_variant) stack_.push_back(output(node.outputs[0]));
+    const c10::OperatorHandle& op = out_variant ? *out_variant : node.op;
     if (source.seed && node.generator_arg >= 0) {
       stack_[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(seedOf(source));
-      call(node);
+      call(op);
     } else if (source.seed) {
       DefaultGeneratorSeeded seeded(seedOf(source));
-      call(node);
+      call(op);
     } else {
-      call(node);
+      call(op);
     }
 
+    // An out= kernel has written its result in place; other results are placed.
+    if (!out_variant) placeResults(node);
+    for (ir::BufferId b : exe_.release_after[index]) host_[b] = c10::Storage();
+  }
+
+ private:
+  uint64_t seedOf(const ir::Node& source) const {
+    return seed_salt_ == 0 ? *source.seed : ir::hashCombine(*source.seed, seed_salt_);
+  }
+
+  void placeResults(const ir::Node& node) {
     size_t next_output = 0;
     for (size_t r = 0; r < stack_.size(); ++r) {
       if (!node.fresh_returns[r]) continue;
@@ -133,26 +144,36 @@ class Run {
         place(node, node.outputs[next_output++], result);
       });
     }
-    for (ir::BufferId b : exe_.release_after[index]) host_[b] = c10::Storage();
   }
 
- private:
-  uint64_t seedOf(const ir::Node& source) const {
-    return seed_salt_ == 0 ? *source.seed : ir::hashCombine(*source.seed, seed_salt_);
-  }
-
-  void call(const ir::Node& node) {
+  void call(const c10::OperatorHandle& op) {
     // Redispatching skips the dispatcher's own profiling hook: record the
     // node here so torch.profiler shows what an ipu program spends its time on.
-    RECORD_FUNCTION(node.op.schema(),
-                    c10::ArrayRef<const c10::IValue>(stack_.data(), stack_.size()));
-    node.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+    RECORD_FUNCTION(op.schema(), c10::ArrayRef<const c10::IValue>(stack_.data(), stack_.size()));
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+  }
+
+  // The bytes of a temporary: its planned place in the arena.
+  c10::Storage arenaStorage(ir::BufferId buffer) const {
+    const auto nbytes = static_cast<size_t>(exe_.program.buffers[buffer].nbytes);
+    return c10::Storage(
+        c10::Storage::use_byte_size_t(), nbytes,
+        c10::DataPtr(arena_.data() + exe_.arena_offset[buffer], c10::Device(c10::kCPU)),
+        /*allocator=*/nullptr, /*resizable=*/false);
   }
 
   at::Tensor input(const ir::TensorRef& ref) {
     c10::Storage& storage = host_[ref.buffer];
-    if (!storage) storage = newHostStorage(exe_.program.buffers[ref.buffer].nbytes);
+    if (!storage) storage = arenaStorage(ref.buffer);
     if (channels_last_[ref.buffer]) return viewOf(storage, ref, channelsLastStrides(ref));
+    return viewOf(storage, ref);
+  }
+
+  // Where an out= kernel writes the result `ref`.
+  at::Tensor output(const ir::TensorRef& ref) {
+    channels_last_[ref.buffer] = false;
+    c10::Storage& storage = host_[ref.buffer];
+    if (!storage) storage = arenaStorage(ref.buffer);
     return viewOf(storage, ref);
   }
 
@@ -258,7 +279,7 @@ class Run {
         channels_last_[ref.buffer] = true;
         return;
       }
-      storage = newHostStorage(exe_.program.buffers[ref.buffer].nbytes);
+      storage = arenaStorage(ref.buffer);
     }
     viewOf(storage, ref).copy_(result);
   }
@@ -269,6 +290,7 @@ class Run {
   // channels-last layout in this run.
   std::vector<bool> channels_last_;
   uint64_t seed_salt_;
+  ArenaPool::Lease arena_;
   torch::jit::Stack stack_;
 };
 

@@ -1,0 +1,21 @@
+// Kernels that write into planned memory: an op's out= overload.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <optional>
+
+#include "compiler/executable.h"
+
+namespace poptorch::compiler {
+
+// The out= overload of a functional op with one Tensor result, when the CPU
+// has a kernel of its own for it (not the generated one that runs the
+// functional op and copies its result).
+std::optional<c10::OperatorHandle> outVariantOf(const c10::OperatorHandle& op);
+
+// Fills exe.out_variant: the nodes whose result the runtime has the kernel
+// write straight into its buffer instead of copying or adopting it.
+void chooseOutVariants(Executable& exe);
+
+}  // namespace poptorch::compiler
