@@ -1,6 +1,10 @@
 """Ops are captured, not run, until a value is needed; graphs are cached."""
+import copy
+from typing import Dict
+
 import pytest
 import torch
+from torch import nn
 
 import poptorch
 from conftest import run_python
@@ -181,3 +185,35 @@ def test_torch_profiler_sees_the_nodes_a_program_runs():
 
     # On the ipu the op is recorded when captured and again when it runs.
     assert count_mm("ipu") == count_mm("cpu") + 1
+
+
+def _ops_run(fn) -> Dict[str, int]:
+    from torch.profiler import profile
+    with profile() as prof:
+        fn()
+    return {e.key: e.count for e in prof.key_averages()}
+
+
+def test_linear_then_relu_runs_as_one_fused_kernel_with_the_cpus_values():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    expected = model(x)
+    on_ipu = copy.deepcopy(model).to("ipu")
+    result = {}
+    ops = _ops_run(lambda: result.update(y=on_ipu(x.to("ipu")).cpu()))
+    torch.testing.assert_close(result["y"], expected)
+    assert ops.get("aten::_addmm_activation", 0) == 1
+    # Captured once as relu; never run as one.
+    assert ops.get("aten::relu", 0) == 1
+
+
+def test_matrix_products_write_into_planned_memory_across_runs():
+    # Temporaries live in an arena reused by every run: results must not
+    # depend on what an earlier run left there.
+    torch.manual_seed(0)
+    a, b, c = torch.randn(64, 32), torch.randn(32, 48), torch.randn(48, 8)
+    for scale in (1.0, -2.0, 0.5):
+        expected = torch.relu((a * scale) @ b) @ c + 1
+        result = (torch.relu((a.to("ipu") * scale) @ b.to("ipu")) @ c.to("ipu") + 1).cpu()
+        torch.testing.assert_close(result, expected)

@@ -1,5 +1,3 @@
-#include <c10/util/strides.h>
-
 #include <algorithm>
 
 #include "common/logging.h"
@@ -45,11 +43,7 @@ std::vector<bool> findFlexibleLayouts(const ir::Graph& program,
       return;
     }
     seen[b] = &ref;
-    flexible[b] =
-        ref.sizes.size() == 4 && ref.offset == 0 && !ref.conj && !ref.neg &&
-        ref.numel() * static_cast<int64_t>(c10::elementSize(ref.dtype)) ==
-            program.buffers[b].nbytes &&
-        c10::IntArrayRef(ref.strides) == c10::IntArrayRef(c10::contiguous_strides(ref.sizes));
+    flexible[b] = ref.sizes.size() == 4 && ref.coversWhole(program.buffers[b].nbytes);
   };
   for (const ir::Node& node : program.nodes) {
     for (const ir::TensorRef& in : node.inputs) visit(in);
@@ -63,8 +57,8 @@ std::vector<bool> findFlexibleLayouts(const ir::Graph& program,
 std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key) {
   auto exe = std::make_shared<Executable>();
   exe->key = key;
-  exe->program =
-      passes::planLayouts(passes::eliminateCommonSubexpressions(passes::eliminateDeadCode(graph)));
+  exe->program = passes::planLayouts(passes::fuseMatmulActivations(
+      passes::eliminateCommonSubexpressions(passes::eliminateDeadCode(graph))));
   exe->roles = assignRoles(exe->program);
   exe->flexible_layout = findFlexibleLayouts(exe->program, exe->roles);
 

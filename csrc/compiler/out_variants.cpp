@@ -1,7 +1,5 @@
 #include "compiler/out_variants.h"
 
-#include <c10/util/strides.h>
-
 #include <algorithm>
 #include <string>
 #include <unordered_map>
@@ -36,12 +34,6 @@ bool isOutFormOf(const c10::FunctionSchema& out, const c10::FunctionSchema& func
     }
   }
   return true;
-}
-
-bool wholeAndContiguous(const ir::TensorRef& ref, const ir::BufferInfo& buffer) {
-  return ref.offset == 0 && !ref.conj && !ref.neg &&
-         ref.numel() * static_cast<int64_t>(c10::elementSize(ref.dtype)) == buffer.nbytes &&
-         c10::IntArrayRef(ref.strides) == c10::IntArrayRef(c10::contiguous_strides(ref.sizes));
 }
 
 }  // namespace
@@ -80,7 +72,7 @@ void chooseOutVariants(Executable& exe) {
         std::any_of(node.args.begin(), node.args.end(),
                     [](const ir::Arg& arg) { return arg.layout != ir::Layout::kAsIs; });
     if (planned_layout || exe.roles[out.buffer] == BufferRole::kUnused ||
-        !wholeAndContiguous(out, program.buffers[out.buffer])) {
+        !out.coversWhole(program.buffers[out.buffer].nbytes)) {
       continue;
     }
     auto [it, inserted] = known.try_emplace(&node.op.schema(), std::nullopt);

@@ -2,6 +2,7 @@
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
+#include <c10/util/strides.h>
 
 #include <sstream>
 
@@ -11,6 +12,12 @@ int64_t TensorRef::numel() const {
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;
   return n;
+}
+
+bool TensorRef::coversWhole(int64_t nbytes) const {
+  return offset == 0 && !conj && !neg &&
+         numel() * static_cast<int64_t>(c10::elementSize(dtype)) == nbytes &&
+         c10::IntArrayRef(strides) == c10::IntArrayRef(c10::contiguous_strides(sizes));
 }
 
 TensorRef TensorRef::of(const at::Tensor& tensor, BufferId buffer) {

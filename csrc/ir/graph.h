@@ -31,6 +31,9 @@ struct TensorRef {
 
   bool operator==(const TensorRef& other) const = default;
   int64_t numel() const;
+  // True if the view reads all of a buffer of `nbytes`, from its start, in
+  // row-major order: the buffer then holds exactly this tensor.
+  bool coversWhole(int64_t nbytes) const;
   // The view `tensor` takes of `buffer`.
   static TensorRef of(const at::Tensor& tensor, BufferId buffer);
 };

@@ -16,6 +16,11 @@ ir::Graph eliminateDeadCode(ir::Graph graph);
 // temporaries and are never written afterwards are merged.
 ir::Graph eliminateCommonSubexpressions(ir::Graph graph);
 
+// Fuses an addmm with the relu that is the only reader of its result into one
+// _addmm_activation, as eager PyTorch's fused Transformer layers do: the relu
+// runs on the product while it is in cache, and the product's temporary goes.
+ir::Graph fuseMatmulActivations(ir::Graph graph);
+
 // Chooses the layout of each 2-D convolution's tensors (forward and
 // backward): channels-last, which oneDNN runs faster than NCHW, where that is
 // safe, NCHW otherwise. The runtime then keeps the temporaries that follow a

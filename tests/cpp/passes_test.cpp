@@ -204,6 +204,54 @@ TEST(Compiler, GivesFlexibleLayoutsToTemporariesReadWhole) {
   EXPECT_FALSE(exe->flexible_layout[out]);  // outlives it
 }
 
+// out = relu(addmm(bias, x, w)) on [rows, cols] results; `live` marks the
+// product as kept after the graph.
+struct LinearRelu {
+  GraphBuilder b;
+  ir::BufferId product, out;
+  explicit LinearRelu(bool live_product = false) {
+    const auto bias = b.buffer(3, true);
+    const auto x = b.buffer(2 * 4, true);
+    const auto w = b.buffer(4 * 3, true);
+    product = b.buffer(2 * 3, false, live_product);
+    out = b.buffer(2 * 3, false, true);
+    ir::Node addmm(aten("aten::addmm"));
+    addmm.inputs = {b.ref(bias, {3}), b.ref(x, {2, 4}), b.ref(w, {4, 3})};
+    addmm.args = {ir::Arg::tensor(0), ir::Arg::tensor(1), ir::Arg::tensor(2), ir::Arg::runtime(1.0),
+                  ir::Arg::runtime(1.0)};
+    addmm.outputs = {b.ref(product, {2, 3})};
+    addmm.fresh_returns = {true};
+    b.append(std::move(addmm));
+    ir::Node relu(aten("aten::relu"));
+    relu.inputs = {b.ref(product, {6})};
+    relu.args = {ir::Arg::tensor(0)};
+    relu.outputs = {b.ref(out, {6})};
+    relu.fresh_returns = {true};
+    b.append(std::move(relu));
+  }
+};
+
+TEST(Fusion, FusesAddmmWithTheReluThatIsItsOnlyReader) {
+  LinearRelu g;
+  const ir::Graph fused = passes::fuseMatmulActivations(g.b.graph);
+  ASSERT_EQ(names(fused), std::vector<std::string>{"aten::_addmm_activation"});
+  const ir::Node& node = fused.nodes[0];
+  EXPECT_EQ(node.source_index, 0);  // runtime beta and alpha come from the addmm
+  ASSERT_EQ(node.outputs.size(), 1u);
+  EXPECT_EQ(node.outputs[0].buffer, g.out);
+  EXPECT_EQ(c10::IntArrayRef(node.outputs[0].sizes), c10::IntArrayRef({2, 3}));
+  ASSERT_EQ(node.args.size(), 6u);
+  EXPECT_EQ(node.args[5].value, c10::IValue(false));  // relu, not gelu
+}
+
+TEST(Fusion, KeepsAProductSomethingElseObserves) {
+  LinearRelu kept(/*live_product=*/true);
+  EXPECT_EQ(passes::fuseMatmulActivations(kept.b.graph).nodes.size(), 2u);
+  LinearRelu read_twice;
+  read_twice.b.square(read_twice.product, read_twice.b.buffer(6, false, true));
+  EXPECT_EQ(passes::fuseMatmulActivations(read_twice.b.graph).nodes.size(), 3u);
+}
+
 TEST(ExecutableCache, FindsByKey) {
   auto& cache = compiler::ExecutableCache::get();
   cache.clear();
