@@ -26,7 +26,10 @@ const std::unordered_map<std::string, std::vector<std::string>>& overloadsByName
 bool isOutFormOf(const c10::FunctionSchema& out, const c10::FunctionSchema& functional) {
   const auto& args = functional.arguments();
   const auto& out_args = out.arguments();
-  if (out_args.size() != args.size() + 1 || !out_args.back().is_out()) return false;
+  if (out_args.size() != args.size() + 1 || !out_args.back().is_out() ||
+      out_args.back().type()->kind() != c10::TypeKind::TensorType) {
+    return false;
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     if (out_args[i].name() != args[i].name() || *out_args[i].type() != *args[i].type() ||
         out_args[i].is_out()) {
