@@ -11,7 +11,9 @@ ArenaPool::Lease::~Lease() {
 }
 
 ArenaPool& ArenaPool::get() {
-  static ArenaPool pool;
+  constexpr size_t kMaxIdle = 4;  // inference lanes and the streaming worker: 2 runs at once
+  constexpr int64_t kMaxIdleBytes = int64_t{256} << 20;
+  static ArenaPool pool(kMaxIdle, kMaxIdleBytes);
   return pool;
 }
 
@@ -28,20 +30,29 @@ ArenaPool::Lease ArenaPool::acquire(int64_t nbytes) {
   }
   Block block = std::move(*best);
   idle_.erase(best);
+  idle_bytes_ -= block.nbytes;
   lock.unlock();
   return Lease(*this, std::move(block.data), block.nbytes);
 }
 
 void ArenaPool::release(c10::DataPtr data, int64_t nbytes) {
+  if (nbytes > max_idle_bytes_) return;  // freed with `data`
   std::lock_guard<std::mutex> lock(mutex_);
   idle_.push_back({std::move(data), nbytes});
-  if (idle_.size() > kMaxIdle) {
-    // Drop the smallest: the larger ones serve every run the smaller would.
+  idle_bytes_ += nbytes;
+  // Drop the smallest first: the larger serve every run the smaller would.
+  while (idle_.size() > max_idle_ || idle_bytes_ > max_idle_bytes_) {
     auto smallest =
         std::min_element(idle_.begin(), idle_.end(),
                          [](const Block& a, const Block& b) { return a.nbytes < b.nbytes; });
+    idle_bytes_ -= smallest->nbytes;
     idle_.erase(smallest);
   }
+}
+
+int64_t ArenaPool::idleBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return idle_bytes_;
 }
 
 }  // namespace poptorch::runtime

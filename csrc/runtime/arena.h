@@ -41,22 +41,33 @@ class ArenaPool {
     int64_t nbytes_;
   };
 
+  // Idle blocks are kept up to `max_idle` of them and `max_idle_bytes` in all:
+  // more than runs can use at once would only hold memory, and a graph whose
+  // temporaries are that large spends far longer in its kernels than in
+  // allocating them.
+  ArenaPool(size_t max_idle, int64_t max_idle_bytes)
+      : max_idle_(max_idle), max_idle_bytes_(max_idle_bytes) {}
+
+  // The pool every run leases from.
   static ArenaPool& get();
 
   Lease acquire(int64_t nbytes);
+
+  int64_t idleBytes() const;
 
  private:
   struct Block {
     c10::DataPtr data;
     int64_t nbytes;
   };
-  // More idle blocks than runs can use at once would only hold memory.
-  static constexpr size_t kMaxIdle = 4;
 
   void release(c10::DataPtr data, int64_t nbytes);
 
-  std::mutex mutex_;
+  const size_t max_idle_;
+  const int64_t max_idle_bytes_;
+  mutable std::mutex mutex_;
   std::vector<Block> idle_;
+  int64_t idle_bytes_ = 0;
 };
 
 }  // namespace poptorch::runtime
