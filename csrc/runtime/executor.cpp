@@ -5,7 +5,6 @@
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
 #include <ATen/record_function.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/TensorImpl.h>
 
@@ -153,7 +152,14 @@ class Run {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
   }
 
-  // The bytes of a temporary: its planned place in the arena.
+  // The bytes of buffer b: an ipu storage, or a temporary's place in the
+  // arena, taken at the temporary's first use.
+  c10::Storage& storageOf(ir::BufferId b) {
+    c10::Storage& storage = host_[b];
+    if (!storage) storage = arenaStorage(b);
+    return storage;
+  }
+
   c10::Storage arenaStorage(ir::BufferId buffer) const {
     const auto nbytes = static_cast<size_t>(exe_.program.buffers[buffer].nbytes);
     return c10::Storage(
@@ -163,8 +169,7 @@ class Run {
   }
 
   at::Tensor input(const ir::TensorRef& ref) {
-    c10::Storage& storage = host_[ref.buffer];
-    if (!storage) storage = arenaStorage(ref.buffer);
+    const c10::Storage& storage = storageOf(ref.buffer);
     if (channels_last_[ref.buffer]) return viewOf(storage, ref, channelsLastStrides(ref));
     return viewOf(storage, ref);
   }
@@ -172,9 +177,7 @@ class Run {
   // Where an out= kernel writes the result `ref`.
   at::Tensor output(const ir::TensorRef& ref) {
     channels_last_[ref.buffer] = false;
-    c10::Storage& storage = host_[ref.buffer];
-    if (!storage) storage = arenaStorage(ref.buffer);
-    return viewOf(storage, ref);
+    return viewOf(storageOf(ref.buffer), ref);
   }
 
   // Some CPU kernels silently assume that all their 4-D inputs share one
