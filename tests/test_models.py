@@ -70,3 +70,51 @@ def test_model_matches_the_cpu(name: str, train: bool) -> None:
         # The same graph again, from the cache: the arena holds the first run's bytes.
         again = _first(on_ipu(*[x.to("ipu") for x in inputs]))
         assert_same(expected, again, atol=1e-4, rtol=1e-4)
+
+
+class _SequenceClassifier(nn.Module):
+    """A recurrent or attention encoder, mean-pooled, then a linear head and its loss."""
+
+    def __init__(self, encoder: nn.Module, width: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(width, 3)
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(_first(self.encoder(x)).mean(1))
+        return logits, self.loss(logits, y)
+
+
+@pytest.mark.parametrize("encoder", ["lstm", "transformer"])
+def test_sequence_model_trains_under_training_model_like_the_cpu(encoder: str) -> None:
+    import poptorch
+    torch.manual_seed(0)
+    if encoder == "lstm":
+        layers: nn.Module = nn.LSTM(16, 32, batch_first=True)
+    else:
+        layers = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0), 2,
+            enable_nested_tensor=False)
+    model = _SequenceClassifier(layers, 32)
+    reference = copy.deepcopy(model)
+    iterations, batch = 4, 8
+    x = torch.randn(iterations * batch, 10, 16 if encoder == "lstm" else 32)
+    y = torch.randint(0, 3, (iterations * batch,))
+
+    options = poptorch.Options().deviceIterations(iterations)
+    training = poptorch.trainingModel(model, options,
+                                      poptorch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for _ in range(2):
+        _, loss = training(x, y)
+        for k in range(iterations):
+            optimizer.zero_grad()
+            _, expected = reference(x[k * batch:(k + 1) * batch], y[k * batch:(k + 1) * batch])
+            expected.backward()
+            optimizer.step()
+        # The default output mode returns the last iteration's loss.
+        torch.testing.assert_close(loss, expected.detach(), atol=1e-5, rtol=1e-4)
+    training.copyWeightsToHost()
+    for (name, trained), (_, wanted) in zip(model.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(trained, wanted, atol=1e-4, rtol=1e-4, msg=name)
