@@ -9,11 +9,16 @@ namespace {
 // Kernels vectorise best on cache-line-aligned data, as the CPU allocator gives it.
 constexpr int64_t kAlignment = 64;
 
+// The bytes a temporary takes in the arena: whole alignment units, at least one.
+int64_t placeSize(int64_t nbytes) {
+  return std::max<int64_t>(kAlignment, (nbytes + kAlignment - 1) / kAlignment * kAlignment);
+}
+
 // Offsets in an arena, handed out as a best-fit allocator would at run time.
 class OffsetAllocator {
  public:
   int64_t allocate(int64_t nbytes) {
-    nbytes = std::max<int64_t>(kAlignment, (nbytes + kAlignment - 1) / kAlignment * kAlignment);
+    nbytes = placeSize(nbytes);
     auto best = free_.end();
     for (auto it = free_.begin(); it != free_.end(); ++it) {
       if (it->second >= nbytes && (best == free_.end() || it->second < best->second)) best = it;
@@ -39,7 +44,7 @@ class OffsetAllocator {
   }
 
   void release(int64_t offset, int64_t nbytes) {
-    nbytes = std::max<int64_t>(kAlignment, (nbytes + kAlignment - 1) / kAlignment * kAlignment);
+    nbytes = placeSize(nbytes);
     auto it = free_.emplace(offset, nbytes).first;
     if (auto next = std::next(it); next != free_.end() && offset + nbytes == next->first) {
       it->second += next->second;

@@ -44,6 +44,15 @@ BufferId Graph::addBuffer(BufferInfo info) {
   return static_cast<BufferId>(buffers.size() - 1);
 }
 
+void Graph::keepNodes(const std::vector<bool>& keep) {
+  std::vector<Node> kept;
+  kept.reserve(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (keep[i]) kept.push_back(std::move(nodes[i]));
+  }
+  nodes = std::move(kept);
+}
+
 namespace {
 
 std::string refToString(const TensorRef& ref) {

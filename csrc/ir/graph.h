@@ -104,6 +104,8 @@ struct Graph {
   std::vector<Node> nodes;
 
   BufferId addBuffer(BufferInfo info);
+  // Keeps node i when keep[i], in order.
+  void keepNodes(const std::vector<bool>& keep);
   std::string toString() const;
 };
 

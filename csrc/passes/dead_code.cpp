@@ -21,12 +21,7 @@ ir::Graph eliminateDeadCode(ir::Graph graph) {
     for (const ir::TensorRef& in : node.inputs) needed[in.buffer] = true;
   }
 
-  std::vector<ir::Node> kept;
-  kept.reserve(graph.nodes.size());
-  for (size_t i = 0; i < graph.nodes.size(); ++i) {
-    if (keep[i]) kept.push_back(std::move(graph.nodes[i]));
-  }
-  graph.nodes = std::move(kept);
+  graph.keepNodes(keep);
   return graph;
 }
 

@@ -28,7 +28,7 @@ ir::Graph fuseMatmulActivations(ir::Graph graph) {
 
   static const c10::OperatorHandle addmm_activation =
       c10::Dispatcher::singleton().findSchemaOrThrow("aten::_addmm_activation", "");
-  std::vector<bool> fused_away(graph.nodes.size(), false);
+  std::vector<bool> keep(graph.nodes.size(), true);
   for (ir::Node& node : graph.nodes) {
     if (!is(node, "aten::addmm") || node.outputs.size() != 1) continue;
     const ir::TensorRef& product = node.outputs[0];
@@ -59,15 +59,11 @@ ir::Graph fuseMatmulActivations(ir::Graph graph) {
     fused.fresh_returns = {true};
     fused.source_index = node.source_index;
     node = std::move(fused);
-    fused_away[r] = true;
+    keep[r] = false;  // the relu, now part of the fused node
   }
 
-  ir::Graph out;
-  out.buffers = std::move(graph.buffers);
-  for (size_t i = 0; i < graph.nodes.size(); ++i) {
-    if (!fused_away[i]) out.nodes.push_back(std::move(graph.nodes[i]));
-  }
-  return out;
+  graph.keepNodes(keep);
+  return graph;
 }
 
 }  // namespace poptorch::passes

@@ -21,11 +21,11 @@ void releaseIpuStorage(void* context) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(context));
 }
 
-c10::Storage borrowedHostStorage(c10::StorageImpl& ipu_storage) {
-  return c10::Storage(
-      c10::Storage::use_byte_size_t(), ipu_storage.nbytes(),
-      c10::DataPtr(ipu_storage._mutable_data_ptr_no_checks().get(), c10::Device(c10::kCPU)),
-      /*allocator=*/nullptr, /*resizable=*/false);
+// A CPU storage over `nbytes` at `data` that does not own them.
+c10::Storage borrowedHostStorage(void* data, size_t nbytes) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                      c10::DataPtr(data, c10::Device(c10::kCPU)),
+                      /*allocator=*/nullptr, /*resizable=*/false);
 }
 
 at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref, c10::IntArrayRef strides) {
@@ -76,8 +76,10 @@ class Run {
     // The caller keeps the ipu storages alive while the run lasts: the host
     // views borrow their bytes without taking references.
     for (size_t b = 0; b < host_.size(); ++b) {
-      if (exe.roles[b] == compiler::BufferRole::kExternal)
-        host_[b] = borrowedHostStorage(*storages[b]);
+      if (exe.roles[b] == compiler::BufferRole::kExternal) {
+        host_[b] = borrowedHostStorage(storages[b]->_mutable_data_ptr_no_checks().get(),
+                                       storages[b]->nbytes());
+      }
     }
   }
 
@@ -161,11 +163,8 @@ class Run {
   }
 
   c10::Storage arenaStorage(ir::BufferId buffer) const {
-    const auto nbytes = static_cast<size_t>(exe_.program.buffers[buffer].nbytes);
-    return c10::Storage(
-        c10::Storage::use_byte_size_t(), nbytes,
-        c10::DataPtr(arena_.data() + exe_.arena_offset[buffer], c10::Device(c10::kCPU)),
-        /*allocator=*/nullptr, /*resizable=*/false);
+    return borrowedHostStorage(arena_.data() + exe_.arena_offset[buffer],
+                               static_cast<size_t>(exe_.program.buffers[buffer].nbytes));
   }
 
   at::Tensor input(const ir::TensorRef& ref) {
