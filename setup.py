@@ -53,4 +53,7 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.10",
     install_requires=["torch==2.13.0", "tqdm"],
+    # Named after its module, so that a suite that also lists it in
+    # `pytest_plugins` (as tests/conftest.py does) does not register it twice.
+    entry_points={"pytest11": ["poptorch.testing.pytest_plugin = poptorch.testing.pytest_plugin"]},
 )

@@ -8,9 +8,13 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import pytest
-import torch
 
 import poptorch
+from poptorch.testing import assert_same  # noqa: F401 - the suite imports it from here
+
+# The `device` parametrisation over cpu and ipu (also a pytest11 entry point once
+# poptorch is installed; named the same, so it is registered once).
+pytest_plugins = ["poptorch.testing.pytest_plugin"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,15 +33,3 @@ def run_python(code: str, env: Optional[Dict[str, str]] = None) -> subprocess.Co
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=full_env, timeout=300)
-
-
-def assert_same(cpu_value, ipu_value, **tolerances) -> None:
-    """Compares a cpu result with the ipu result (moved to the cpu)."""
-    def to_cpu(v):
-        if isinstance(v, torch.Tensor):
-            assert v.device.type == "ipu", f"expected an ipu tensor, got one on {v.device}"
-            return v.cpu()
-        if isinstance(v, (list, tuple)):
-            return type(v)(to_cpu(x) for x in v)
-        return v
-    torch.testing.assert_close(to_cpu(ipu_value), cpu_value, **tolerances)

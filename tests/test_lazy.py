@@ -35,12 +35,12 @@ def test_sync_points_run_the_pending_graph(read):
     assert poptorch._C.pending_nodes() == 0
 
 
-def test_shape_errors_surface_at_the_line_that_caused_them():
-    a = torch.ones(3, 4, device="ipu")
+def test_shape_errors_surface_at_the_line_that_caused_them(device):
+    a = torch.ones(3, 4, device=device)
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
-        a @ torch.ones(5, 4, device="ipu")
+        a @ torch.ones(5, 4, device=device)
     with pytest.raises(RuntimeError, match="must match"):
-        a + torch.ones(5, device="ipu")
+        a + torch.ones(5, device=device)
 
 
 def test_metrics_have_every_counter_and_reset():

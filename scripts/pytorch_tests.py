@@ -1,0 +1,109 @@
+"""Runs PyTorch's device-generic test files on the ipu and measures their pass rates.
+
+    python scripts/pytorch_tests.py DIR [test_view_ops.py ...]
+
+DIR holds PyTorch's test files (every DIR/test_*.py when none is named; see
+docs/testing.md for how to get them). Each file runs in its own pytest process,
+with the ipu's test base (TORCH_TEST_DEVICES) and `-k ipu`, under a time limit
+(--timeout seconds); its verbose log goes to DIR/logs/FILE.log. Then the tests
+that failed on the ipu run again on the CPU: one that fails there too does not
+match the installed torch (the file comes from another PyTorch version), and is
+counted apart. A table of pass rates is printed, and written to DIR/logs/summary.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.MULTILINE)
+CLOSING = re.compile(r"^=+ .* in [\d.]+s", re.MULTILINE)
+
+
+def run_pytest(directory: Path, args: List[str], log: Path, timeout: int) -> bool:
+    """Runs pytest in `directory`, its output to `log`; False if the time limit cut it."""
+    env = dict(os.environ)
+    env["TORCH_TEST_DEVICES"] = str(ROOT / "poptorch" / "testing" / "ipu_test_base.py")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTORCH_PRINT_REPRO_ON_FAILURE"] = "0"
+    # -p no:cacheprovider: DIR may be read-only.
+    command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--tb=short",
+               *args]
+    with log.open("w") as out:
+        try:
+            subprocess.run(command, cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT,
+                           timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return False
+    return True
+
+
+def outcomes(log: Path) -> Dict[str, str]:
+    return {m.group(1): m.group(2) for m in OUTCOME.finditer(log.read_text(errors="replace"))}
+
+
+def cpu_twin(test_id: str) -> str:
+    """TestFooIPU::test_bar_ipu_float32 -> TestFooCPU::test_bar_cpu_float32."""
+    path, cls, name = test_id.split("::")
+    return "::".join([path, re.sub(r"IPU$", "CPU", cls), re.sub(r"_ipu(?=_|$)", "_cpu", name)])
+
+
+def measure(directory: Path, name: str, timeout: int) -> Tuple[Counter, bool]:
+    logs = directory / "logs"
+    log = logs / f"{name}.log"
+    finished = run_pytest(directory, [name, "-k", "ipu"], log, timeout)
+    results = outcomes(log)
+    failed = [t for t, r in results.items() if r in ("FAILED", "ERROR", "XPASS")]
+    counts = Counter({"PASSED": 0, "FAILED": 0, "SKIPPED": 0, "CPU_TOO": 0})
+    cpu_failures = set()
+    if failed:
+        cpu_log = logs / f"{name}.cpu.log"
+        run_pytest(directory, [cpu_twin(t) for t in failed], cpu_log, timeout)
+        cpu_results = outcomes(cpu_log)
+        cpu_failures = {t for t in failed
+                        if cpu_results.get(cpu_twin(t)) in ("FAILED", "ERROR", "XPASS")}
+        (logs / f"{name}.cpu-too.txt").write_text("".join(f"{t}\n" for t in sorted(cpu_failures)))
+    for test, result in results.items():
+        if test in cpu_failures:
+            counts["CPU_TOO"] += 1
+        elif result in ("PASSED", "XFAIL"):
+            counts["PASSED"] += 1
+        elif result == "SKIPPED":
+            counts["SKIPPED"] += 1
+        else:
+            counts["FAILED"] += 1
+    return counts, finished
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("files", nargs="*")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per file")
+    args = parser.parse_args()
+    directory = args.directory.resolve()
+    files = args.files or sorted(p.name for p in directory.glob("test_*.py"))
+    (directory / "logs").mkdir(exist_ok=True)
+    rows = ["| file | passed | failed | skipped | fail on the CPU too | pass rate |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name in files:
+        counts, finished = measure(directory, name, args.timeout)
+        ran = counts["PASSED"] + counts["FAILED"]
+        rate = f"{100.0 * counts['PASSED'] / ran:.1f}%" if ran else "-"
+        label = name if finished else f"{name} (time limit: partial)"
+        rows.append(f"| {label} | {counts['PASSED']} | {counts['FAILED']} | "
+                    f"{counts['SKIPPED']} | {counts['CPU_TOO']} | {rate} |")
+        print(rows[-1], flush=True)
+    table = "\n".join(rows)
+    (directory / "logs" / "summary.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
