@@ -37,7 +37,7 @@ def synchronize() -> None:
 
 def metrics() -> Dict[str, Any]:
     """Counters of what the ipu backend did since start (or ``reset_metrics``):
-    ``ops_captured``, ``graphs_compiled``, ``cache_hits``, ``executions``,
+    ``ops_captured``, ``graphs_compiled``, ``cache_hits``, ``cache_evictions``, ``executions``,
     ``host_fallbacks``, ``fallback_ops`` (op name -> count),
     ``compile_seconds``, ``execute_seconds``, ``bytes_to_ipu``, ``bytes_from_ipu``.
     """
@@ -47,6 +47,15 @@ def metrics() -> Dict[str, Any]:
 def reset_metrics() -> None:
     """Sets every counter of :func:`metrics` back to zero."""
     _C.reset_metrics()
+
+
+def set_executable_cache_size(size: int) -> None:
+    """Keeps at most ``size`` compiled executables in memory, evicting the least
+    recently used (0 keeps none). The default is ``POPTORCH_EXECUTABLE_CACHE_SIZE``,
+    or 256. Models already wrapped keep their executables when they are evicted."""
+    if size < 0:
+        raise ValueError(f"the executable cache size must be at least 0, got {size}")
+    _C.set_executable_cache_capacity(size)
 
 
 def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
@@ -65,5 +74,5 @@ __all__ = [
     "RecoverableError", "ReductionType", "TensorLocationSettings", "UnrecoverableError",
     "identity_loss", "inferenceModel", "ipuHardwareIsAvailable", "ipuHardwareVersion",
     "isRunningOnIpu", "logger", "metrics", "optim", "reset_metrics", "setLogLevel",
-    "synchronize", "trainingModel",
+    "set_executable_cache_size", "synchronize", "trainingModel",
 ]

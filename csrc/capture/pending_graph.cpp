@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 
+#include "common/environment.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "compiler/executable.h"
@@ -13,13 +13,6 @@
 
 namespace poptorch::capture {
 namespace {
-
-size_t sizeFromEnvironment(const char* name, size_t fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  const long long parsed = std::atoll(value);
-  return parsed >= 0 ? static_cast<size_t>(parsed) : fallback;
-}
 
 double secondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -40,8 +33,8 @@ PendingGraph& PendingGraph::get() {
 }
 
 PendingGraph::PendingGraph()
-    : max_nodes_(std::max<size_t>(1, sizeFromEnvironment("POPTORCH_MAX_GRAPH_NODES", 20000))),
-      stream_nodes_(sizeFromEnvironment("POPTORCH_STREAM_NODES", 0)) {}
+    : max_nodes_(integerFromEnvironment("POPTORCH_MAX_GRAPH_NODES", 20000, 1)),
+      stream_nodes_(integerFromEnvironment("POPTORCH_STREAM_NODES", 0, 0)) {}
 
 ir::BufferId PendingGraph::addBuffer(const at::Tensor& tensor, bool existed_before) {
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();

@@ -28,6 +28,7 @@ MetricsSnapshot Metrics::snapshot() const {
   s.ops_captured = ops_captured_.load();
   s.graphs_compiled = graphs_compiled_.load();
   s.cache_hits = cache_hits_.load();
+  s.cache_evictions = cache_evictions_.load();
   s.executions = executions_.load();
   s.host_fallbacks = host_fallbacks_.load();
   s.bytes_to_ipu = bytes_to_ipu_.load();
@@ -43,6 +44,7 @@ void Metrics::reset() {
   ops_captured_ = 0;
   graphs_compiled_ = 0;
   cache_hits_ = 0;
+  cache_evictions_ = 0;
   executions_ = 0;
   host_fallbacks_ = 0;
   bytes_to_ipu_ = 0;

@@ -14,6 +14,7 @@ struct MetricsSnapshot {
   int64_t ops_captured = 0;
   int64_t graphs_compiled = 0;
   int64_t cache_hits = 0;
+  int64_t cache_evictions = 0;
   int64_t executions = 0;
   int64_t host_fallbacks = 0;
   int64_t bytes_to_ipu = 0;
@@ -30,6 +31,7 @@ class Metrics {
   void opCaptured() { ops_captured_.fetch_add(1, std::memory_order_relaxed); }
   void graphCompiled(double seconds);
   void cacheHit() { cache_hits_.fetch_add(1, std::memory_order_relaxed); }
+  void cacheEviction() { cache_evictions_.fetch_add(1, std::memory_order_relaxed); }
   void executed(double seconds);
   // Returns true the first time `op` falls back, so callers can log it once.
   bool hostFallback(const std::string& op);
@@ -43,6 +45,7 @@ class Metrics {
   std::atomic<int64_t> ops_captured_{0};
   std::atomic<int64_t> graphs_compiled_{0};
   std::atomic<int64_t> cache_hits_{0};
+  std::atomic<int64_t> cache_evictions_{0};
   std::atomic<int64_t> executions_{0};
   std::atomic<int64_t> host_fallbacks_{0};
   std::atomic<int64_t> bytes_to_ipu_{0};

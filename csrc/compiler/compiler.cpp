@@ -1,6 +1,8 @@
 #include <algorithm>
 
+#include "common/environment.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "compiler/executable.h"
 #include "compiler/memory_plan.h"
 #include "compiler/out_variants.h"
@@ -76,25 +78,57 @@ ExecutableCache& ExecutableCache::get() {
   return cache;
 }
 
-std::shared_ptr<const Executable> ExecutableCache::find(uint64_t key) const {
+ExecutableCache::ExecutableCache()
+    : capacity_(integerFromEnvironment("POPTORCH_EXECUTABLE_CACHE_SIZE", 256, 0)) {}
+
+std::shared_ptr<const Executable> ExecutableCache::find(uint64_t key) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = executables_.find(key);
-  return it == executables_.end() ? nullptr : it->second;
+  auto it = index_.find(key);
+  if (it == index_.end()) return nullptr;
+  by_use_.splice(by_use_.begin(), by_use_, it->second);
+  return *it->second;
 }
 
 void ExecutableCache::insert(std::shared_ptr<const Executable> executable) {
   std::lock_guard<std::mutex> lock(mutex_);
-  executables_[executable->key] = std::move(executable);
+  const uint64_t key = executable->key;
+  auto it = index_.find(key);
+  if (it != index_.end()) by_use_.erase(it->second);
+  by_use_.push_front(std::move(executable));
+  index_[key] = by_use_.begin();
+  evictBeyondCapacity();
+}
+
+void ExecutableCache::evictBeyondCapacity() {
+  while (by_use_.size() > capacity_) {
+    POPTORCH_LOG(kDebug) << "executable cache: evicting graph " << std::hex << by_use_.back()->key
+                         << std::dec << ", the least recently used of " << by_use_.size();
+    index_.erase(by_use_.back()->key);
+    by_use_.pop_back();
+    Metrics::get().cacheEviction();
+  }
 }
 
 void ExecutableCache::clear() {
   std::lock_guard<std::mutex> lock(mutex_);
-  executables_.clear();
+  index_.clear();
+  by_use_.clear();
 }
 
 size_t ExecutableCache::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return executables_.size();
+  return by_use_.size();
+}
+
+size_t ExecutableCache::capacity() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return capacity_;
+}
+
+void ExecutableCache::setCapacity(size_t capacity) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capacity_ = capacity;
+  evictBeyondCapacity();
 }
 
 }  // namespace poptorch::compiler

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -45,18 +46,30 @@ struct Executable {
 // Optimises `graph` and plans it. `key` is its structural hash.
 std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key);
 
-// Executables by structural hash, for the lifetime of the process.
+// Executables by structural hash, least recently used first out: at most
+// capacity() of them (POPTORCH_EXECUTABLE_CACHE_SIZE), so a program of many
+// graph shapes does not keep every executable it ever compiled. An evicted
+// executable lives on in the Programs that hold it.
 class ExecutableCache {
  public:
   static ExecutableCache& get();
-  std::shared_ptr<const Executable> find(uint64_t key) const;
+  // Null when absent; a hit makes the executable the most recently used.
+  std::shared_ptr<const Executable> find(uint64_t key);
   void insert(std::shared_ptr<const Executable> executable);
   void clear();
   size_t size() const;
+  size_t capacity() const;
+  // Evicts the least recently used executables beyond `capacity` (0: keep none).
+  void setCapacity(size_t capacity);
 
  private:
+  ExecutableCache();
+  void evictBeyondCapacity();  // expects mutex_ held
+
   mutable std::mutex mutex_;
-  std::unordered_map<uint64_t, std::shared_ptr<const Executable>> executables_;
+  size_t capacity_;
+  std::list<std::shared_ptr<const Executable>> by_use_;  // most recently used first
+  std::unordered_map<uint64_t, std::list<std::shared_ptr<const Executable>>::iterator> index_;
 };
 
 }  // namespace poptorch::compiler

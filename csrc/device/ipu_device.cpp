@@ -7,9 +7,10 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <string>
+
+#include "common/environment.h"
 
 namespace poptorch::device {
 namespace {
@@ -17,22 +18,12 @@ namespace {
 constexpr int kMaxIpus = 64;
 constexpr int64_t kMiB = 1024 * 1024;
 
-int64_t envInt(const char* name, int64_t fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  char* end = nullptr;
-  const long long parsed = std::strtoll(value, &end, 10);
-  TORCH_CHECK_VALUE(end != value && *end == '\0' && parsed > 0, name,
-                    " must be a positive integer, got '", value, "'");
-  return parsed;
-}
-
 // The machine's shape and its memory accounting. Counters are atomics because
 // tensors are created and freed on any thread.
 struct Machine {
-  std::atomic<int> num_ipus{
-      static_cast<int>(std::min<int64_t>(envInt("POPTORCH_NUM_IPUS", 4), kMaxIpus))};
-  std::atomic<int64_t> capacity{envInt("POPTORCH_IPU_MEMORY_MB", 900) * kMiB};
+  std::atomic<int> num_ipus{static_cast<int>(
+      std::min<int64_t>(integerFromEnvironment("POPTORCH_NUM_IPUS", 4, 1), kMaxIpus))};
+  std::atomic<int64_t> capacity{integerFromEnvironment("POPTORCH_IPU_MEMORY_MB", 900, 1) * kMiB};
   std::array<std::atomic<int64_t>, kMaxIpus> allocated{};
   std::array<std::atomic<int64_t>, kMaxIpus> peak{};
 };

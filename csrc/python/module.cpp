@@ -26,6 +26,7 @@ py::dict metricsDict() {
   d["ops_captured"] = s.ops_captured;
   d["graphs_compiled"] = s.graphs_compiled;
   d["cache_hits"] = s.cache_hits;
+  d["cache_evictions"] = s.cache_evictions;
   d["executions"] = s.executions;
   d["host_fallbacks"] = s.host_fallbacks;
   d["fallback_ops"] = s.fallback_ops;
@@ -92,6 +93,9 @@ PYBIND11_MODULE(_C, m) {
         "Signatures whose Meta results this thread has cached.");
   m.def("clear_executable_cache", [] { compiler::ExecutableCache::get().clear(); });
   m.def("executable_cache_size", [] { return compiler::ExecutableCache::get().size(); });
+  m.def("executable_cache_capacity", [] { return compiler::ExecutableCache::get().capacity(); });
+  m.def("set_executable_cache_capacity",
+        [](size_t capacity) { compiler::ExecutableCache::get().setCapacity(capacity); });
   m.def("device_count", &device::deviceCount);
   m.def("current_device", &device::currentIndex);
   m.def("set_device", &device::setCurrentIndex);

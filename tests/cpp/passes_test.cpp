@@ -264,5 +264,27 @@ TEST(ExecutableCache, FindsByKey) {
   cache.clear();
 }
 
+TEST(ExecutableCache, EvictsTheLeastRecentlyUsed) {
+  auto& cache = compiler::ExecutableCache::get();
+  const size_t capacity = cache.capacity();
+  cache.clear();
+  cache.setCapacity(2);
+  GraphBuilder b;
+  b.buffer(4, true, true);
+  auto one = compiler::compile(b.graph, 1);
+  cache.insert(one);
+  cache.insert(compiler::compile(b.graph, 2));
+  EXPECT_EQ(cache.find(1), one);  // 2 is now the least recently used
+  cache.insert(compiler::compile(b.graph, 3));
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache.find(2), nullptr);
+  EXPECT_EQ(cache.find(1), one);
+  EXPECT_NE(cache.find(3), nullptr);
+  cache.setCapacity(0);
+  EXPECT_EQ(cache.size(), 0u);
+  EXPECT_EQ(one->key, 1u);  // still alive for whoever holds it
+  cache.setCapacity(capacity);
+}
+
 }  // namespace
 }  // namespace poptorch
