@@ -12,6 +12,7 @@ import torch
 
 from . import _C
 from . import _device_module
+from . import _serialization
 from . import optim
 from ._dataloader import AsynchronousDataAccessor, DataLoader, DataLoaderMode
 from ._errors import Error, RecoverableError, UnrecoverableError
@@ -22,6 +23,7 @@ from .options import (HalfFloatCastingBehavior, Options, OutputMode, ReductionTy
                       TensorLocationSettings)
 
 torch._register_device_module("ipu", _device_module)
+_serialization.install()
 
 # The autograd engine sizes its per-device worker queues once, at the first
 # backward: if that ran before this import, the ipu has no queue and backward

@@ -72,6 +72,16 @@ std::vector<at::Tensor> runSteps(const runtime::Program& micro_step, const runti
                            seed);
 }
 
+// Python may look at an ipu tensor's storage (serialization, data_ptr(),
+// storage copies), and PyTorch refuses a storage with no bytes as "invalid":
+// give it host memory now. Nothing runs; reading its values still syncs.
+void backStorage(const at::Tensor& tensor) {
+  TORCH_CHECK_VALUE(tensor.is_ipu(), "expected an ipu tensor, got one on ", tensor.device());
+  if (!tensor.has_storage()) return;  // a wrapper subclass: nothing to back
+  auto lock = capture::PendingGraph::get().lock();
+  device::materialize(*tensor.storage().unsafeGetStorageImpl());
+}
+
 size_t pendingNodes() {
   auto lock = capture::PendingGraph::get().lock();
   return capture::PendingGraph::get().size();
@@ -105,6 +115,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("memory_capacity", &device::memoryCapacity);
   m.def("configure_ipus", &device::configure, py::arg("num_ipus"), py::arg("memory_per_ipu"));
   m.def("set_log_level", &setLogLevel);
+  m.def("back_storage", &backStorage,
+        "Gives an ipu tensor's storage host memory (without running anything).");
   m.def("host_alias", &runtime::hostAlias,
         "A cpu tensor over the bytes of a materialised ipu tensor.");
 

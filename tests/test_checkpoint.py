@@ -1,0 +1,275 @@
+"""Checkpoints: torch.save / torch.load, pickle and copy.deepcopy of ipu tensors,
+state dicts, models and optimiser state, each against the same round trip on
+the CPU."""
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+
+import poptorch
+from conftest import run_python
+
+
+def save_load(obj, **load_args):
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, **load_args)
+
+
+ROUND_TRIPS = {
+    "torch.save": save_load,  # weights_only=True, torch's default
+    "torch.save-unsafe": lambda obj: save_load(obj, weights_only=False),
+    "pickle": lambda obj: pickle.loads(pickle.dumps(obj)),
+    "deepcopy": copy.deepcopy,
+}
+
+
+def _base(dtype=torch.float32):
+    return torch.arange(24, dtype=torch.float32).reshape(4, 6).sub(7).to(dtype)
+
+
+def _with_grad(device):
+    t = _base().to(device).requires_grad_()
+    t.grad = torch.full_like(t, 0.5)
+    return [t]
+
+
+def _views(device):
+    whole = _base().to(device)
+    return [whole, whole[1:], whole.t(), whole[:, ::2], whole[2, 3]]
+
+
+# Each builds a list of tensors on `device`; tensors of one list may share storage.
+TENSORS = {
+    "contiguous": lambda d: [_base().to(d)],
+    "views": _views,
+    "non-contiguous-alone": lambda d: [_base().to(d)[:, 1::2]],
+    "0-dim": lambda d: [torch.tensor(3.5).to(d)],
+    "empty": lambda d: [torch.zeros(0, 3).to(d)],
+    "int32": lambda d: [_base(torch.int32).to(d)],
+    "int64": lambda d: [_base(torch.int64).to(d)],
+    "uint8": lambda d: [_base().abs().to(torch.uint8).to(d)],
+    "bool": lambda d: [(_base() > 3).to(d)],
+    "float16": lambda d: [_base(torch.float16).to(d) / 3],
+    "bfloat16": lambda d: [_base(torch.bfloat16).to(d) / 3],
+    "complex-conj": lambda d: [torch.complex(_base(), -_base()).to(d).conj()],
+    "pending": lambda d: (lambda a: [a * 2 + 1, (a * 2 + 1)[1:].t()])(_base().to(d)),
+    "parameter": lambda d: [torch.nn.Parameter(_base().to(d))],
+    "frozen-parameter": lambda d: [torch.nn.Parameter(_base().to(d), requires_grad=False)],
+    "grad": _with_grad,
+}
+
+
+def same_storage(a, b):
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+def assert_like_cpu(ipu_result, cpu_result, device):
+    """The round trip of the ipu tensors gives what the CPU's gave, on `device`."""
+    assert len(ipu_result) == len(cpu_result)
+    for i, (a, b) in enumerate(zip(ipu_result, cpu_result)):
+        assert type(a) is type(b), i
+        assert a.device == torch.device(device), (i, a.device)
+        assert (a.dtype, a.shape, a.stride(), a.storage_offset()) == \
+               (b.dtype, b.shape, b.stride(), b.storage_offset()), i
+        assert (a.requires_grad, a.is_leaf, a.is_conj(), a.is_neg()) == \
+               (b.requires_grad, b.is_leaf, b.is_conj(), b.is_neg()), i
+        assert torch.equal(a.detach().cpu().resolve_conj(), b.detach().resolve_conj()), i
+        assert (a.grad is None) == (b.grad is None), i
+        if b.grad is not None:
+            assert a.grad.device == a.device and torch.equal(a.grad.cpu(), b.grad)
+        for j in range(i):
+            assert same_storage(a, ipu_result[j]) == same_storage(b, cpu_result[j]), (i, j)
+
+
+@pytest.mark.parametrize("round_trip", sorted(ROUND_TRIPS))
+@pytest.mark.parametrize("case", sorted(TENSORS))
+def test_tensors_round_trip_like_the_cpu(case, round_trip):
+    cpu_result = ROUND_TRIPS[round_trip](TENSORS[case]("cpu"))
+    tensors = TENSORS[case]("ipu")
+    if case == "pending":
+        assert poptorch._C.pending_nodes() > 0  # saved before anything ran
+    ipu_result = ROUND_TRIPS[round_trip](tensors)
+    assert_like_cpu(ipu_result, cpu_result, "ipu:0")
+
+
+def test_views_load_as_views_of_one_storage():
+    ipu = save_load(_views("ipu"))
+    ipu[0][2, 3] = -100.0
+    assert ipu[1][1, 3].item() == -100.0 and ipu[2][3, 2].item() == -100.0
+    assert ipu[4].item() == -100.0
+    copied = copy.deepcopy(_views("ipu"))
+    copied[0][2, 3] = -100.0
+    assert copied[4].item() == -100.0
+
+
+def test_copies_are_independent_of_the_original():
+    original = _views("ipu")
+    for result in (save_load(original), copy.deepcopy(original), pickle.loads(pickle.dumps(original))):
+        result[0].zero_()
+        assert torch.equal(original[0].cpu(), _base())
+
+
+def test_a_tensor_saved_from_ipu_1_loads_on_ipu_1():
+    loaded = save_load([_base().to("ipu:1")])
+    assert_like_cpu(loaded, [_base()], "ipu:1")
+    assert_like_cpu(copy.deepcopy(loaded), [_base()], "ipu:1")
+
+
+# map_location -> where the storages of a checkpoint saved from ipu:0 go.
+MAP_LOCATIONS = [
+    ("cpu", "cpu"),
+    (torch.device("cpu"), "cpu"),
+    ("ipu", "ipu:0"),
+    ("ipu:1", "ipu:1"),
+    (torch.device("ipu", 2), "ipu:2"),
+    ({"ipu:0": "cpu"}, "cpu"),
+    ({"ipu:0": "ipu:3"}, "ipu:3"),
+    ({"cuda:0": "cpu"}, "ipu:0"),  # not the saved location: left alone
+    (lambda storage, location: storage, "cpu"),  # the callable keeps the CPU copy
+    (lambda storage, location: None, "ipu:0"),  # None: the default restore
+    (lambda storage, location: torch.serialization.default_restore_location(storage, "ipu:1"),
+     "ipu:1"),
+]
+
+
+@pytest.mark.parametrize("weights_only", [True, False])
+@pytest.mark.parametrize("map_location,target", MAP_LOCATIONS,
+                         ids=[f"map{i}" for i in range(len(MAP_LOCATIONS))])
+def test_map_location(map_location, target, weights_only):
+    tensors = _views("ipu") + TENSORS["bfloat16"]("ipu") + TENSORS["int64"]("ipu")
+    expected = _views("cpu") + TENSORS["bfloat16"]("cpu") + TENSORS["int64"]("cpu")
+    loaded = save_load(tensors, map_location=map_location, weights_only=weights_only)
+    assert_like_cpu(loaded, save_load(expected), target)
+
+
+@pytest.mark.parametrize("map_location,target", [("ipu", "ipu:0"), ("ipu:1", "ipu:1"),
+                                                 (torch.device("ipu:2"), "ipu:2"),
+                                                 ({"cpu": "ipu:3"}, "ipu:3")])
+def test_a_cpu_checkpoint_maps_to_the_ipu(map_location, target):
+    loaded = save_load(_views("cpu") + TENSORS["parameter"]("cpu"), map_location=map_location)
+    assert_like_cpu(loaded, save_load(_views("cpu") + TENSORS["parameter"]("cpu")), target)
+
+
+def test_mmap_load_from_a_file(tmp_path):
+    path = tmp_path / "tensors.pt"
+    torch.save(_views("ipu"), path)
+    assert_like_cpu(torch.load(path, mmap=True), save_load(_views("cpu")), "ipu:0")
+
+
+def test_bare_ipu_is_the_current_ipu():
+    with torch.ipu.device(2):
+        loaded = save_load([_base().to("ipu")], map_location="ipu")
+    assert loaded[0].device == torch.device("ipu:2")
+
+
+def test_mapping_to_a_missing_ipu_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"ipu:7 but this machine has 4 IPUs.*map_location"):
+        save_load([_base().to("ipu")], map_location="ipu:7")
+
+
+def storage_bytes(storage):
+    return torch.empty(0, dtype=torch.uint8).set_(storage.cpu()).clone()
+
+
+def test_storages_round_trip_and_read_pending_values():
+    pending = _base().to("ipu") * 3
+    expected = (_base() * 3).untyped_storage()
+    assert torch.equal(storage_bytes(pending.untyped_storage()), storage_bytes(expected))
+    loaded = save_load(_base().to("ipu").mul(3).untyped_storage())
+    loaded_on_cpu = save_load(expected)
+    assert type(loaded) is type(loaded_on_cpu) and loaded.dtype == loaded_on_cpu.dtype
+    assert loaded.device == torch.device("ipu:0")
+    assert torch.equal(storage_bytes(loaded.untyped()), storage_bytes(loaded_on_cpu.untyped()))
+
+
+def test_uninitialised_ipu_tensors_save():
+    loaded = save_load([torch.empty(5, 3, device="ipu")])
+    assert loaded[0].shape == (5, 3) and loaded[0].device.type == "ipu"
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 6)
+        self.body = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.LayerNorm(6),
+                                        torch.nn.BatchNorm1d(6))
+        self.head = torch.nn.Linear(6, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(self.body(self.embed(tokens)))
+
+
+def models():
+    torch.manual_seed(0)
+    cpu = Tied()
+    cpu.body[2].running_mean.uniform_()
+    ipu = copy.deepcopy(cpu).to("ipu")
+    # Module.to() re-creates parameters it cannot move in place (PyTorch's
+    # list of such devices leaves the ipu out), which unties shared weights.
+    ipu.head.weight = ipu.embed.weight
+    return cpu, ipu
+
+
+TOKENS = torch.tensor([1, 4, 2, 9, 0, 3])
+
+
+def assert_same_model(ipu, cpu, device="ipu:0"):
+    ipu.eval(), cpu.eval()
+    assert all(t.device == torch.device(device) for t in ipu.state_dict().values())
+    assert ipu.head.weight is ipu.embed.weight
+    torch.testing.assert_close(ipu(TOKENS.to(device)).cpu(), cpu(TOKENS))
+
+
+@pytest.mark.parametrize("round_trip", sorted(ROUND_TRIPS))
+def test_state_dicts_round_trip(round_trip):
+    cpu, ipu = models()
+    state = ROUND_TRIPS[round_trip](ipu.state_dict())
+    cpu_state = ROUND_TRIPS[round_trip](cpu.state_dict())
+    assert list(state) == list(cpu_state)
+    assert_like_cpu(list(state.values()), list(cpu_state.values()), "ipu:0")
+    fresh = Tied().to("ipu")
+    fresh.head.weight = fresh.embed.weight
+    fresh.load_state_dict(state)
+    assert_same_model(fresh, cpu)
+
+
+@pytest.mark.parametrize("round_trip", ["torch.save-unsafe", "pickle", "deepcopy"])
+def test_whole_models_round_trip(round_trip):
+    cpu, ipu = models()
+    copied = ROUND_TRIPS[round_trip](ipu)
+    assert_same_model(copied, cpu)
+    with torch.no_grad():
+        copied.body[0].weight.zero_()
+    assert_same_model(ipu, cpu)  # the copy is independent
+
+
+def test_a_model_state_dict_loads_on_the_cpu_and_on_other_ipus():
+    cpu, ipu = models()
+    buffer = io.BytesIO()
+    torch.save(ipu.state_dict(), buffer)
+    for device in ("cpu", "ipu:1"):
+        buffer.seek(0)
+        fresh = Tied().to(device)
+        fresh.head.weight = fresh.embed.weight
+        fresh.load_state_dict(torch.load(buffer, map_location=device))
+        assert_same_model(fresh, cpu, device)
+
+
+def test_a_checkpoint_loads_without_poptorch_with_map_location_cpu(tmp_path):
+    cpu, ipu = models()
+    path = tmp_path / "model.pt"
+    torch.save({"model": ipu.state_dict(), "step": 3}, path)
+    result = run_python(
+        "import sys, torch\n"
+        f"ckpt = torch.load({str(path)!r}, map_location='cpu')\n"
+        "assert 'poptorch' not in sys.modules\n"
+        "print(ckpt['step'], sum(float(v.float().sum()) for v in ckpt['model'].values()))\n")
+    assert result.returncode == 0, result.stderr
+    expected = sum(float(v.float().sum()) for v in cpu.state_dict().values())
+    step, total = result.stdout.split()
+    assert step == "3" and float(total) == pytest.approx(expected, rel=1e-6)
