@@ -1,9 +1,18 @@
 """The optimiser of a trainingModel, on the IPU: its state, its variable
 hyper-parameters as device tensors (changed by setOptimizer without
-recompiling) and its constant ones, embedded in the captured update."""
+recompiling) and its constant ones, embedded in the captured update.
+
+The state starts from the host optimiser's own (``load_state_dict`` before
+wrapping, or steps taken on the CPU), and the host optimiser's ``state`` then
+*aliases* the device state, as the host model's weights alias the device
+weights: ``optimizer.state_dict()`` is the device's current state, in torch's
+layout, and resumes on the CPU. ``load_state_dict`` while wrapped writes the
+loaded state (and hyper-parameters) to the device.
+"""
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any, Dict, List, Set, Tuple
 
 import torch
@@ -50,6 +59,7 @@ class DeviceOptimizer:
         self.variables = variable_attributes(optimizer, self.algorithm)
         self.groups: List[Tuple[List[torch.Tensor], Dict[str, Any]]] = []
         self.state: Dict[int, Dict[str, torch.Tensor]] = {}
+        self._device_params = device_params  # id(host parameter) -> device parameter
         for group in optimizer.param_groups:
             params = [device_params[id(p)] for p in group["params"] if id(p) in device_params]
             hyper = {name: self._value(name, value) for name, value in
@@ -60,6 +70,8 @@ class DeviceOptimizer:
         self.loss_scaling = self._value("loss_scaling", getattr(optimizer, "loss_scaling", 1.0))
         self.max_grad_norm = getattr(optimizer, "max_grad_norm", None)
         self._compiled_values = self._constants(optimizer)
+        self._hooks: List[Any] = []
+        self._attach(optimizer)
 
     def _value(self, name: str, value: Any) -> Any:
         if name in self.variables and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -122,36 +134,84 @@ class DeviceOptimizer:
                             f"Pass it to the optimiser's constructor or call "
                             f"optimizer.variable_attrs.markAsVariable('{name}') before "
                             f"compiling to make it variable.")
+        if optimizer is not self.optimizer:
+            self.release()
+            self._attach(optimizer)
+        _C.synchronize()
+
+    def _host_parameters(self, optimizer: torch.optim.Optimizer) -> List[Tuple[Any, Dict]]:
+        """(host parameter, its device state) for every parameter on the device."""
+        return [(host, self.state[id(self._device_params[id(host)])])
+                for group in optimizer.param_groups for host in group["params"]
+                if id(host) in self._device_params]
+
+    def _attach(self, optimizer: torch.optim.Optimizer) -> None:
+        """Starts from ``optimizer``'s state (when it has one), then makes it
+        alias the device state and follow it through its state-dict hooks."""
+        owner = _OWNERS.get(optimizer)
+        if owner is not None and owner() is not None and owner() is not self:
+            owner().release()  # the optimiser now drives this model
         self.optimizer = optimizer
-        _C.synchronize()
+        self._load(optimizer)
 
-    def state_dict(self) -> Dict[str, Any]:
-        """The device state, in torch's layout (state by parameter index)."""
-        _C.synchronize()
-        state: Dict[int, Dict[str, torch.Tensor]] = {}
-        groups = []
-        index = 0
-        for params, hyper in self.groups:
-            indices = []
-            for p in params:
-                state[index] = {k: v.cpu() for k, v in self.state[id(p)].items()}
-                indices.append(index)
-                index += 1
-            plain = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in hyper.items()}
-            groups.append(dict(plain, params=indices))
-        return {"state": state, "param_groups": groups}
+        def reload(optimizer: torch.optim.Optimizer, this=weakref.ref(self)) -> None:
+            if this() is not None:  # the model may be gone; its state lives on
+                this()._reload(optimizer)
 
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Writes a state read by :meth:`state_dict` back to the device."""
-        flat = [self.state[id(p)] for params, _ in self.groups for p in params]
-        saved = state_dict.get("state", {})
-        if len(saved) != len(flat):
-            raise Error(f"load_state_dict: the state has {len(saved)} parameters, the optimiser "
-                        f"{len(flat)}; it must come from the same model's optimizer.state_dict()")
-        for index, tensors in enumerate(flat):
-            for name, device_tensor in tensors.items():
-                if name not in saved[index]:
-                    raise Error(f"load_state_dict: parameter {index} has no '{name}' state: the "
-                                f"state dict must come from a PopTorch optimiser's state_dict()")
-                device_tensor.copy_(saved[index][name])
+        self._hooks = [optimizer.register_state_dict_pre_hook(_synchronize),
+                       optimizer.register_state_dict_post_hook(_drop_unstarted),
+                       optimizer.register_load_state_dict_post_hook(reload)]
+        _OWNERS[optimizer] = weakref.ref(self)
+
+    def _load(self, optimizer: torch.optim.Optimizer) -> None:
+        """Copies the host optimiser's state to the device, then makes the
+        host state alias it."""
+        with torch.no_grad():
+            for index, (host, device_state) in enumerate(self._host_parameters(optimizer)):
+                saved = optimizer.state.get(host)
+                if saved:
+                    for name, value in popoptim.state_from_torch(
+                            self.algorithm, saved, device_state, index).items():
+                        device_state[name].copy_(value)
         _C.synchronize()
+        for host, device_state in self._host_parameters(optimizer):
+            optimizer.state[host] = {name: _C.host_alias(t) for name, t in device_state.items()}
+
+    def _reload(self, optimizer: torch.optim.Optimizer) -> None:
+        """After ``optimizer.load_state_dict``: its state and hyper-parameters
+        go to the device."""
+        self._load(optimizer)
+        self.set_values(optimizer)
+
+    def release(self) -> None:
+        """Gives the host optimiser its own copy of the state (the device
+        state goes away with the model) and stops following it."""
+        if not self._hooks:
+            return  # released already (another model took the optimiser over)
+        _C.synchronize()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        optimizer = self.optimizer
+        for host, _ in self._host_parameters(optimizer):
+            state = optimizer.state.pop(host, {})
+            if state and not popoptim.is_unstarted(state):
+                optimizer.state[host] = {name: t.clone() for name, t in state.items()}
+        del _OWNERS[optimizer]
+
+
+# optimiser -> the DeviceOptimizer whose state it aliases.
+_OWNERS: "weakref.WeakKeyDictionary[torch.optim.Optimizer, Any]" = weakref.WeakKeyDictionary()
+
+
+def _synchronize(optimizer: torch.optim.Optimizer) -> None:
+    _C.synchronize()  # the host aliases show what the device computed
+
+
+def _drop_unstarted(optimizer: torch.optim.Optimizer,
+                    state_dict: Dict[str, Any]) -> Dict[str, Any]:
+    """Parameters the device never updated have no state, as in torch (an SGD
+    momentum buffer of zeros would otherwise count as started on the CPU)."""
+    state_dict["state"] = {index: state for index, state in state_dict["state"].items()
+                           if not popoptim.is_unstarted(state)}
+    return state_dict

@@ -88,7 +88,6 @@ class PoplarExecutor:
         if training and optimizer is None:
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         self._optimizer = optimizer
-        self._link_optimizer(optimizer)
         self._state: Optional[DeviceState] = None
         self._device_optimizer: Optional[DeviceOptimizer] = None
         self._micro_step: Optional[Any] = None
@@ -137,7 +136,6 @@ class PoplarExecutor:
         if self._device_optimizer is not None:
             self._device_optimizer.set_values(optimizer)
         self._optimizer = optimizer
-        self._link_optimizer(optimizer)
 
     def copyWeightsToHost(self) -> None:
         """Makes the host model hold the device weights (they are kept in sync
@@ -154,8 +152,8 @@ class PoplarExecutor:
     def detachFromDevice(self) -> None:
         """Frees the IPU: weights and optimiser state move to the host."""
         self._check_attached("detachFromDevice")
-        self._saved_optimizer_state = (self._device_optimizer.state_dict()
-                                       if self._device_optimizer is not None else None)
+        if self._device_optimizer is not None:
+            self._device_optimizer.release()  # the host optimiser keeps the state
         self._state.detach()
         self._device_optimizer = None
         self._micro_step = self._update = None
@@ -172,14 +170,11 @@ class PoplarExecutor:
         examples = [torch.zeros(s, dtype=d) if s is not None else v
                     for (s, d, v) in self._input_specs]
         self._capture(examples, self._spec, progress=None)
-        if self._saved_optimizer_state is not None:
-            self._device_optimizer.load_state_dict(self._saved_optimizer_state)
 
     def destroy(self) -> None:
         """Frees everything the model holds on the IPU; the wrapper is unusable after."""
         if self._attached:
             self.detachFromDevice()
-        self._link_optimizer(None)
         self._destroyed = True
 
     @property
@@ -374,14 +369,6 @@ class PoplarExecutor:
         leaves_out = [next(results) if isinstance(x, torch.Tensor) else x
                       for x in self._out_leaves]
         return pytree.tree_unflatten(leaves_out, self._out_spec)
-
-    def _link_optimizer(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
-        previous = getattr(self, "_linked_optimizer", None)
-        if previous is not None and hasattr(previous, "_poptorch_executor"):
-            previous._poptorch_executor = None
-        if optimizer is not None and hasattr(optimizer, "_poptorch_executor"):
-            optimizer._poptorch_executor = self
-        self._linked_optimizer = optimizer
 
 
 def trainingModel(model: torch.nn.Module, options: Optional[Options] = None,

@@ -60,22 +60,6 @@ class _PopTorchOptimizer:
             setattr(self, name, value)
         self.variable_attrs = VariableAttributes(
             [k for k, v in passed.items() if v is not None] + ["lr"], self._attributes)
-        self._poptorch_executor: Any = None  # set by trainingModel
-
-    def state_dict(self) -> Dict[str, Any]:
-        """The optimiser state; read from the IPU when a trainingModel uses it."""
-        executor = self._poptorch_executor
-        if executor is not None and executor._device_optimizer is not None:
-            return executor._device_optimizer.state_dict()
-        return super().state_dict()  # type: ignore[misc]
-
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Loads optimiser state; written to the IPU when a trainingModel uses it."""
-        executor = self._poptorch_executor
-        if executor is not None and executor._device_optimizer is not None:
-            executor._device_optimizer.load_state_dict(state_dict)
-            return
-        super().load_state_dict(state_dict)  # type: ignore[misc]
 
 
 def _pick(value: Any, default: Any) -> Any:
@@ -280,6 +264,38 @@ def initial_state(algorithm: str, param: torch.Tensor, optimizer: Any) -> Dict[s
         return {"exp_avg": zeros(first), "exp_avg_sq": zeros(second), "step": step}
     return {"square_avg": zeros(second), "momentum_buffer": zeros(first),
             "grad_avg": zeros(first), "step": step}
+
+
+def state_from_torch(algorithm: str, saved: Dict[str, Any], device_state: Dict[str, torch.Tensor],
+                     index: int) -> Dict[str, torch.Tensor]:
+    """The device state of one parameter from its state in a torch optimiser
+    (loaded, or from steps on the CPU): torch's keys are ours; what torch has
+    not created yet starts at zero. Torch's SGD keeps no step: a momentum
+    buffer means it has started."""
+    unknown = sorted(set(saved) - set(device_state))
+    if unknown:
+        raise Error(f"the optimiser state of parameter {index} has {unknown}, which "
+                    f"{algorithm} has not: it comes from another kind of optimiser")
+    values = {}
+    for name, target in device_state.items():
+        value = saved.get(name)
+        if name == "step" and value is None:
+            value = 1.0 if algorithm == "sgd" and "momentum_buffer" in saved else 0.0
+        if value is None:
+            value = 0.0
+        value = torch.as_tensor(value)
+        if value.dim() and value.shape != target.shape:
+            raise Error(f"the optimiser state '{name}' of parameter {index} has shape "
+                        f"{list(value.shape)}, the parameter {list(target.shape)}: the state "
+                        f"must come from the same model")
+        values[name] = value.expand(target.shape)
+    return values
+
+
+def is_unstarted(state: Dict[str, Any]) -> bool:
+    """True for the state of a parameter that was never updated."""
+    step = state.get("step")
+    return isinstance(step, torch.Tensor) and step.numel() == 1 and float(step) == 0
 
 
 def update_parameter(algorithm: str, p: torch.Tensor, g: torch.Tensor,

@@ -273,3 +273,247 @@ def test_a_checkpoint_loads_without_poptorch_with_map_location_cpu(tmp_path):
     expected = sum(float(v.float().sum()) for v in cpu.state_dict().values())
     step, total = result.stdout.split()
     assert step == "3" and float(total) == pytest.approx(expected, rel=1e-6)
+
+
+# --- Optimiser state across trainingModel and the CPU --------------------------
+
+class Classifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(6, 12)
+        self.l2 = torch.nn.Linear(12, 3)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        out = self.l2(torch.relu(self.l1(x)))
+        return out, self.loss(out, y)
+
+
+OPTIMISERS = {
+    "torch.SGD": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, dampening=0.1,
+                                           weight_decay=0.01),
+    "torch.SGD-nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True),
+    "torch.Adam": lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.01),
+    "torch.AdamW": lambda p: torch.optim.AdamW(p, lr=0.01),
+    "torch.RMSprop": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True),
+    "poptorch.SGD": lambda p: poptorch.optim.SGD(p, lr=0.05, momentum=0.9, dampening=0.2),
+    "poptorch.Adam": lambda p: poptorch.optim.Adam(p, lr=0.01),
+    "poptorch.AdamW": lambda p: poptorch.optim.AdamW(p, lr=0.01, weight_decay=0.05),
+    "poptorch.RMSprop": lambda p: poptorch.optim.RMSprop(p, lr=0.01, alpha=0.9),
+    "poptorch.LAMB": lambda p: poptorch.optim.LAMB(p, lr=0.01),
+}
+STEPS_BEFORE, STEPS_AFTER = 3, 3
+
+
+def batch(step):
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)
+
+
+def fresh(name, seed):
+    torch.manual_seed(seed)
+    model = Classifier()
+    return model, OPTIMISERS[name](model.parameters())
+
+
+def cpu_steps(model, optimizer, steps):
+    losses = []
+    for step in steps:
+        optimizer.zero_grad()
+        loss = model(*batch(step))[1]
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def ipu_steps(training_model, steps):
+    return [training_model(*batch(step))[1].item() for step in steps]
+
+
+def checkpoint(model, optimizer):
+    return save_load({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+
+
+def resume(name, ckpt):
+    model, optimizer = fresh(name, seed=1)  # other weights: the checkpoint must replace them
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    return model, optimizer
+
+
+def one_update_per_call():
+    return poptorch.Options().deviceIterations(1)
+
+
+BEFORE, AFTER = range(STEPS_BEFORE), range(STEPS_BEFORE, STEPS_BEFORE + STEPS_AFTER)
+
+
+def cpu_reference(name):
+    """Losses of the steps after the checkpoint, and the final weights, on the CPU."""
+    model, optimizer = fresh(name, seed=0)
+    cpu_steps(model, optimizer, BEFORE)
+    return cpu_steps(model, optimizer, AFTER), model.state_dict()
+
+
+def assert_same_training(losses, model, reference):
+    expected_losses, expected_weights = reference
+    torch.testing.assert_close(losses, expected_losses, rtol=1e-5, atol=1e-6)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value.cpu(), expected_weights[key], rtol=1e-5, atol=1e-6,
+                                   msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMISERS))
+def test_training_resumes_on_the_ipu_from_a_cpu_checkpoint(name):
+    model, optimizer = fresh(name, seed=0)
+    cpu_steps(model, optimizer, BEFORE)
+    model, optimizer = resume(name, checkpoint(model, optimizer))
+    training = poptorch.trainingModel(model, one_update_per_call(), optimizer)
+    assert_same_training(ipu_steps(training, AFTER), model, cpu_reference(name))
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMISERS))
+def test_training_resumes_on_the_cpu_from_an_ipu_checkpoint(name):
+    model, optimizer = fresh(name, seed=0)
+    training = poptorch.trainingModel(model, one_update_per_call(), optimizer)
+    ipu_steps(training, BEFORE)
+    model, optimizer = resume(name, checkpoint(training.model, optimizer))
+    assert_same_training(cpu_steps(model, optimizer, AFTER), model, cpu_reference(name))
+
+
+@pytest.mark.parametrize("name", ["torch.SGD", "torch.Adam", "poptorch.RMSprop"])
+def test_training_resumes_on_the_ipu_from_an_ipu_checkpoint(name):
+    model, optimizer = fresh(name, seed=0)
+    ipu_steps(poptorch.trainingModel(model, one_update_per_call(), optimizer), BEFORE)
+    model, optimizer = resume(name, checkpoint(model, optimizer))
+    training = poptorch.trainingModel(model, one_update_per_call(), optimizer)
+    assert_same_training(ipu_steps(training, AFTER), model, cpu_reference(name))
+
+
+@pytest.mark.parametrize("name", ["torch.SGD", "poptorch.Adam"])
+def test_loading_a_checkpoint_into_a_wrapped_model_writes_the_device(name):
+    model, optimizer = fresh(name, seed=0)
+    cpu_steps(model, optimizer, BEFORE)
+    ckpt = checkpoint(model, optimizer)
+    model, optimizer = fresh(name, seed=1)
+    training = poptorch.trainingModel(model, one_update_per_call(), optimizer)
+    ipu_steps(training, [7, 8])  # state and weights that the checkpoint must replace
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    assert_same_training(ipu_steps(training, AFTER), model, cpu_reference(name))
+
+
+def test_the_optimizer_state_dict_follows_the_device_like_the_cpu():
+    name = "torch.Adam"
+    model, optimizer = fresh(name, seed=0)
+    training = poptorch.trainingModel(model, one_update_per_call(), optimizer)
+    cpu_model, cpu_optimizer = fresh(name, seed=0)
+    ipu_steps(training, BEFORE)
+    cpu_steps(cpu_model, cpu_optimizer, BEFORE)
+    state, cpu_state = optimizer.state_dict(), cpu_optimizer.state_dict()
+    assert state["param_groups"] == cpu_state["param_groups"]
+    assert sorted(state["state"]) == sorted(cpu_state["state"])
+    for index, entry in cpu_state["state"].items():
+        assert sorted(state["state"][index]) == sorted(entry)
+        for key, value in entry.items():
+            torch.testing.assert_close(state["state"][index][key], value, rtol=1e-5, atol=1e-7)
+    # Like torch's, the state dict holds the live state: the next step changes it.
+    ipu_steps(training, AFTER)
+    assert float(state["state"][0]["step"]) == STEPS_BEFORE + STEPS_AFTER
+
+
+@pytest.mark.parametrize("name", ["torch.SGD", "torch.Adam"])
+def test_a_wrapped_optimizer_that_never_stepped_has_no_state(name):
+    model, optimizer = fresh(name, seed=0)
+    training = poptorch.trainingModel(model, one_update_per_call(), optimizer)
+    training.compile(*batch(0))
+    assert optimizer.state_dict()["state"] == {}
+    # Resuming from it on the CPU is a fresh start (SGD's first step is undamped).
+    resumed_model, resumed = resume(name, checkpoint(model, optimizer))
+    reference_model, reference = fresh(name, seed=0)
+    torch.testing.assert_close(cpu_steps(resumed_model, resumed, BEFORE),
+                               cpu_steps(reference_model, reference, BEFORE))
+
+
+def test_detach_and_attach_keep_the_optimizer_state():
+    name = "torch.SGD"
+    model, optimizer = fresh(name, seed=0)
+    training = poptorch.trainingModel(model, one_update_per_call(), optimizer)
+    ipu_steps(training, BEFORE)
+    training.detachFromDevice()
+    momentum = optimizer.state_dict()["state"][0]["momentum_buffer"]
+    assert momentum.device.type == "cpu" and momentum.abs().sum() > 0
+    assert_same_training(ipu_steps(training, AFTER), model, cpu_reference(name))
+
+
+def test_set_optimizer_with_a_loaded_optimizer_uses_its_state():
+    name = "poptorch.Adam"
+    model, optimizer = fresh(name, seed=0)
+    cpu_steps(model, optimizer, BEFORE)
+    ckpt = checkpoint(model, optimizer)
+    model, first = fresh(name, seed=1)
+    model.load_state_dict(ckpt["model"])
+    training = poptorch.trainingModel(model, one_update_per_call(), first)
+    training.compile(*batch(0))
+    second = OPTIMISERS[name](model.parameters())
+    second.load_state_dict(ckpt["optimizer"])
+    training.setOptimizer(second)
+    assert_same_training(ipu_steps(training, AFTER), model, cpu_reference(name))
+    assert first.state_dict()["state"] == {}  # the first keeps its own (unstarted) copy
+
+
+def test_a_state_from_another_kind_of_optimizer_is_a_clear_error():
+    model, optimizer = fresh("torch.Adam", seed=0)
+    cpu_steps(model, optimizer, BEFORE)
+    ckpt = checkpoint(model, optimizer)
+    model, sgd = fresh("torch.SGD", seed=0)
+    sgd.load_state_dict(ckpt["optimizer"])  # torch accepts it; its step() would fail
+    training = poptorch.trainingModel(model, one_update_per_call(), sgd)
+    with pytest.raises(poptorch.Error, match="exp_avg.*another kind of optimiser"):
+        training(*batch(0))
+
+
+def lazy_steps(model, optimizer, steps):
+    losses = []
+    for step in steps:
+        optimizer.zero_grad()
+        loss = model(*(t.to("ipu") for t in batch(step)))[1]
+        loss.backward()
+        optimizer.step()
+        losses.append(loss)
+    return losses  # ipu tensors: reading them would run the pending step
+
+
+@pytest.mark.parametrize("name", ["torch.Adam", "torch.SGD"])
+@pytest.mark.parametrize("resume_on", ["cpu", "ipu"])
+def test_lazy_mode_training_resumes_from_a_checkpoint(name, resume_on):
+    model, _ = fresh(name, seed=0)
+    model.to("ipu")
+    optimizer = OPTIMISERS[name](model.parameters())
+    lazy_steps(model, optimizer, BEFORE)
+    assert poptorch._C.pending_nodes() > 0  # the last step has not run yet
+    ckpt = save_load(checkpoint(model, optimizer), map_location=resume_on)
+    model, _ = fresh(name, seed=1)
+    model.to(resume_on)
+    optimizer = OPTIMISERS[name](model.parameters())
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    if resume_on == "cpu":
+        losses = cpu_steps(model, optimizer, AFTER)
+    else:
+        losses = [loss.item() for loss in lazy_steps(model, optimizer, AFTER)]
+    assert_same_training(losses, model, cpu_reference(name))
+
+
+def test_a_second_training_model_takes_the_optimizer_over():
+    name = "torch.Adam"
+    model, optimizer = fresh(name, seed=0)
+    first = poptorch.trainingModel(model, one_update_per_call(), optimizer)
+    ipu_steps(first, BEFORE)
+    second = poptorch.trainingModel(model, one_update_per_call(), optimizer)
+    losses = ipu_steps(second, AFTER[:1])  # starts from the first's state
+    first.destroy()  # must leave the second's state alone
+    losses += ipu_steps(second, AFTER[1:])
+    assert float(optimizer.state_dict()["state"][0]["step"]) == STEPS_BEFORE + STEPS_AFTER
+    assert_same_training(losses, model, cpu_reference(name))
