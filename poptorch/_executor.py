@@ -191,6 +191,13 @@ class PoplarExecutor:
             raise AttributeError(name)
         return getattr(self._model, name)
 
+    def __reduce_ex__(self, protocol: int) -> Any:
+        # pickle, torch.save and copy.deepcopy: the compiled programs and the
+        # device state belong to this process's IPU.
+        raise Error("a trainingModel/inferenceModel cannot be saved or copied: save "
+                    "model.state_dict() and optimizer.state_dict() (or the model itself) "
+                    "and wrap the model again after loading")
+
     def __repr__(self) -> str:
         kind = "trainingModel" if self._training else "inferenceModel"
         return f"PoplarExecutor({kind}, compiled={self._compiled}, model={self._model!r})"

@@ -288,7 +288,7 @@ def state_from_torch(algorithm: str, saved: Dict[str, Any], device_state: Dict[s
             raise Error(f"the optimiser state '{name}' of parameter {index} has shape "
                         f"{list(value.shape)}, the parameter {list(target.shape)}: the state "
                         f"must come from the same model")
-        values[name] = value.expand(target.shape)
+        values[name] = value.to(target.dtype).expand(target.shape)  # no float64 on the ipu
     return values
 
 

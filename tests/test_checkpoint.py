@@ -517,3 +517,15 @@ def test_a_second_training_model_takes_the_optimizer_over():
     losses += ipu_steps(second, AFTER[1:])
     assert float(optimizer.state_dict()["state"][0]["step"]) == STEPS_BEFORE + STEPS_AFTER
     assert_same_training(losses, model, cpu_reference(name))
+
+
+@pytest.mark.parametrize("round_trip", sorted(ROUND_TRIPS))
+def test_a_wrapped_model_cannot_be_saved_but_says_what_to_save(round_trip):
+    model, optimizer = fresh("torch.SGD", seed=0)
+    training = poptorch.trainingModel(model, one_update_per_call(), optimizer)
+    ipu_steps(training, BEFORE)
+    with pytest.raises(poptorch.Error, match=r"save model.state_dict\(\) and optimizer"):
+        ROUND_TRIPS[round_trip](training)
+    assert_like_cpu(list(ROUND_TRIPS[round_trip](training.state_dict()).values()),
+                    list(model.state_dict().values()), "cpu")
+
