@@ -529,3 +529,20 @@ def test_a_wrapped_model_cannot_be_saved_but_says_what_to_save(round_trip):
     assert_like_cpu(list(ROUND_TRIPS[round_trip](training.state_dict()).values()),
                     list(model.state_dict().values()), "cpu")
 
+
+
+def test_a_float64_state_loads_in_the_device_dtype():
+    model, optimizer = fresh("torch.Adam", seed=0)
+    model.double()  # CPU training in float64, then model.float() for the ipu
+    for step in BEFORE:
+        optimizer.zero_grad()
+        x, y = batch(step)
+        model(x.double(), y)[1].backward()
+        optimizer.step()
+    expected = {k: v.float() for k, v in optimizer.state[model.l1.weight].items()}
+    model.float()  # parameters keep their identity; the optimiser state stays float64
+    training = poptorch.trainingModel(model, one_update_per_call(), optimizer)
+    training.compile(*batch(0))
+    for key, value in expected.items():
+        assert optimizer.state[model.l1.weight][key].dtype == torch.float32
+        torch.testing.assert_close(optimizer.state[model.l1.weight][key], value)
