@@ -111,3 +111,42 @@ def test_fallback_is_logged_once_per_op():
     )
     assert "{'aten::nonzero': 3}" in result.stdout
     assert result.stderr.count("aten::nonzero ran on the host") == 1, result.stderr
+
+
+def test_view_ops_raise_the_cpus_errors(device):
+    # A view of ipu storage cannot run on the host: a failing view op raises
+    # the Meta kernel's error, which is the CPU's.
+    x = torch.randn(3, 3, device=device)
+    with pytest.raises(RuntimeError, match="stride divisible by 2 for all but last dimension"):
+        torch.view_as_complex(torch.as_strided(x, (2, 2), (1, 1)))
+    with pytest.raises(RuntimeError, match="last dimension of size 2"):
+        torch.view_as_complex(x)
+
+
+def _mask_after_slice(x):
+    x[:, torch.tensor([True, False, True, False, False, True], device=x.device)] = 0
+    return x
+
+
+def _list_after_slice(x):
+    x[1:3, [1, 2]] = -1
+    return x
+
+
+def _mask_in_the_middle(x):
+    y = x.view(2, 2, 6)
+    y[:, torch.tensor([True, False], device=x.device), :] = 7
+    return x
+
+
+@pytest.mark.parametrize("case", [_mask_after_slice, _list_after_slice, _mask_in_the_middle],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_index_assignment_after_a_skipped_dimension_matches_cpu(case):
+    base = torch.arange(24.0).reshape(4, 6)
+    assert_same(case(base.clone()), case(base.clone().to("ipu")))
+
+
+def test_quantized_tensors_are_refused_not_computed_wrong():
+    x = torch.randn(4, device="ipu")
+    with pytest.raises(NotImplementedError, match="quantized tensors are not supported"):
+        torch.quantize_per_tensor(x, 0.1, 5, torch.quint8)

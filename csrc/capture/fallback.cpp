@@ -83,14 +83,37 @@ void uploadIndexLists(const c10::OperatorHandle& op, torch::jit::Stack* stack, i
     if (!isOptionalTensorList(schema.arguments()[i]) || !value.isList()) continue;
     c10::List<std::optional<at::Tensor>> uploaded;
     for (const c10::IValue& element : value.toListRef()) {
-      if (element.isTensor() && element.toTensor().is_cpu()) {
+      // A skipped dimension is None from Python and an undefined tensor from
+      // C++ indexing (`v[:, mask] = 0`): both mean "no index".
+      if (element.isNone() || !element.toTensor().defined()) {
+        uploaded.push_back(std::nullopt);
+      } else if (element.toTensor().is_cpu()) {
         uploaded.push_back(device::uploadToIpu(element.toTensor(), device));
       } else {
-        uploaded.push_back(element.isNone() ? std::nullopt
-                                            : std::optional<at::Tensor>(element.toTensor()));
+        uploaded.push_back(element.toTensor());
       }
     }
     value = uploaded;
+  }
+}
+
+// Quantized tensors carry a quantizer that ipu tensors do not have (and the
+// Meta kernels of quantize ops return float tensors): refuse them clearly
+// rather than compute with the wrong dtype.
+void checkNotQuantized(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  const auto& schema = op.schema();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    // real_type(): type() shows a ScalarType as the int it is passed as.
+    c10::TypePtr type = schema.arguments()[i].real_type();
+    if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+    bool quantized = type->kind() == c10::TypeKind::ScalarTypeType && arguments[i].isInt() &&
+                     c10::isQIntType(static_cast<c10::ScalarType>(arguments[i].toInt()));
+    forEachTensor(arguments[i], [&](const at::Tensor& t) {
+      quantized = quantized || (t.defined() && t.is_quantized());
+    });
+    TORCH_CHECK_NOT_IMPLEMENTED(!quantized, opName(op),
+                                ": quantized tensors are not supported on the ipu; quantize and "
+                                "run quantized ops on the CPU");
   }
 }
 
@@ -277,6 +300,7 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   TORCH_CHECK_NOT_IMPLEMENTED(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU), opName(op),
                               " has no host kernel, so the emulated IPU cannot run "
                               "it; it is not supported on ipu tensors.");
+  checkNotQuantized(op, torch::jit::last(*stack, op.schema().arguments().size()));
   if (op.hasTag(at::Tag::dynamic_output_shape)) {
     hostFallback(op, stack, "its output shape depends on the data");
     return;

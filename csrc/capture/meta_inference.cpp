@@ -169,6 +169,15 @@ MetaCache& metaCache() {
   return cache;
 }
 
+// An op whose every return aliases an argument without writing it.
+bool isViewOp(const c10::FunctionSchema& schema) {
+  if (schema.returns().empty()) return false;
+  for (const c10::Argument& r : schema.returns()) {
+    if (!r.alias_info() || r.alias_info()->isWrite()) return false;
+  }
+  return true;
+}
+
 std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
                                         c10::ArrayRef<c10::IValue> arguments, bool* cacheable) {
   MetaTwins twins;
@@ -179,7 +188,10 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
   } catch (const std::exception& error) {
-    // Meta kernels written in Python raise Python errors, not c10::Errors.
+    // A view op's Meta kernel checks what its CPU kernel checks (metadata
+    // only), and the host cannot run a view of ipu storage: its error is the
+    // user's. Meta kernels written in Python raise Python errors, not c10::Errors.
+    if (isViewOp(op.schema())) throw;
     POPTORCH_LOG(kTrace) << op.operator_name() << ": Meta inference failed: " << error.what();
     return std::nullopt;
   }
