@@ -10,9 +10,10 @@
 * PyTorch calls a storage with no bytes "invalid" and refuses to save or copy
   it; a lazy ipu storage has none until a graph that writes it runs. There is no
   hook between a tensor and the Python object of its storage, so
-  ``Tensor.untyped_storage`` is wrapped: for ipu tensors it first gives the
-  storage host memory (nothing runs; reading the bytes still syncs what is
-  pending, through the ipu's copy kernel).
+  ``Tensor.untyped_storage`` (and ``Tensor.data_ptr``, which is 0 without
+  bytes, so that distinct pending tensors would look like one) is wrapped: for
+  ipu tensors it first gives the storage host memory (nothing runs; reading the
+  bytes still syncs what is pending, through the ipu's copy kernel).
 * ``Tensor.__deepcopy__`` clones ipu tensors one by one (PyTorch lists the ipu
   with XLA and MPS there), which loses storage sharing and strides. Plain ipu
   tensors are deep-copied as CPU tensors are instead: each storage is copied
@@ -32,7 +33,8 @@ from . import _C
 _LOCATION = re.compile(r"ipu(?::(\d+))?")
 _PRIORITY = 30  # after PyTorch's own devices (10-26); only "ipu" locations match
 
-_untyped_storage = torch.Tensor.untyped_storage  # PyTorch's own (the C method)
+_untyped_storage = torch.Tensor.untyped_storage  # PyTorch's own (C methods)
+_data_ptr = torch.Tensor.data_ptr
 _torch_deepcopy = torch.Tensor.__deepcopy__
 
 
@@ -76,7 +78,14 @@ def _untyped_storage_backed(self: torch.Tensor) -> torch.UntypedStorage:
     return _untyped_storage(self)
 
 
+def _data_ptr_backed(self: torch.Tensor) -> int:
+    if self.is_ipu:
+        _C.back_storage(self)  # else every pending tensor's pointer is 0
+    return _data_ptr(self)
+
+
 _untyped_storage_backed.__doc__ = _untyped_storage.__doc__
+_data_ptr_backed.__doc__ = _data_ptr.__doc__
 
 
 def _copy_storage(tensor: torch.Tensor, memo: Dict[Any, Any]) -> torch.UntypedStorage:
@@ -114,10 +123,11 @@ def _deepcopy(self: torch.Tensor, memo: Dict[Any, Any]) -> torch.Tensor:
 
 
 def install() -> None:
-    """Registers the ipu with torch.serialization and wraps the two Tensor
+    """Registers the ipu with torch.serialization and wraps the Tensor
     methods above (once)."""
     if torch.Tensor.untyped_storage is _untyped_storage_backed:
         return
     torch.serialization.register_package(_PRIORITY, _ipu_tag, _ipu_deserialize)
     torch.Tensor.untyped_storage = _untyped_storage_backed
+    torch.Tensor.data_ptr = _data_ptr_backed
     torch.Tensor.__deepcopy__ = _deepcopy

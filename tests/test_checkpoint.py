@@ -186,6 +186,18 @@ def test_storages_round_trip_and_read_pending_values():
     assert torch.equal(storage_bytes(loaded.untyped()), storage_bytes(loaded_on_cpu.untyped()))
 
 
+def test_pending_tensors_have_their_own_pointers_like_the_cpu():
+    # Pointer identity is how checkpoint code (safetensors, transformers) finds
+    # tensors that share memory; a pending tensor has no bytes until it runs.
+    for device in ("cpu", "ipu"):
+        x = _base().to(device)
+        a, b = x * 2, x * 3
+        assert a.data_ptr() != b.data_ptr() and a.data_ptr() != 0
+        assert a[1:].data_ptr() == a.data_ptr() + 6 * a.element_size()
+        assert a.untyped_storage().data_ptr() == a.data_ptr()
+        assert torch.equal(a.cpu(), _base() * 2)  # and the values are still computed
+
+
 def test_uninitialised_ipu_tensors_save():
     loaded = save_load([torch.empty(5, 3, device="ipu")])
     assert loaded[0].shape == (5, 3) and loaded[0].device.type == "ipu"
