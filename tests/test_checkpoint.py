@@ -198,6 +198,18 @@ def test_pending_tensors_have_their_own_pointers_like_the_cpu():
         assert torch.equal(a.cpu(), _base() * 2)  # and the values are still computed
 
 
+def test_safetensors_saves_pending_ipu_tensors_and_refuses_shared_ones_like_the_cpu():
+    safetensors = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    tensors = {"a": _base().to("ipu") * 2, "h": _base(torch.float16).to("ipu") / 3}
+    loaded = safetensors.load(safetensors.save(tensors))
+    for key, value in tensors.items():
+        assert torch.equal(loaded[key], value.cpu())
+    for device in ("cpu", "ipu"):
+        whole = _base().to(device)
+        with pytest.raises(RuntimeError, match="Some tensors share memory"):
+            safetensors.save({"whole": whole, "rows": whole[1:]})
+
+
 def test_uninitialised_ipu_tensors_save():
     loaded = save_load([torch.empty(5, 3, device="ipu")])
     assert loaded[0].shape == (5, 3) and loaded[0].device.type == "ipu"
