@@ -487,6 +487,18 @@ def test_set_optimizer_with_a_loaded_optimizer_uses_its_state():
     assert first.state_dict()["state"] == {}  # the first keeps its own (unstarted) copy
 
 
+def test_set_optimizer_with_a_new_optimizer_keeps_the_device_state():
+    name = "torch.SGD"
+    model, optimizer = fresh(name, seed=0)
+    training = poptorch.trainingModel(model, one_update_per_call(), optimizer)
+    ipu_steps(training, BEFORE)
+    replacement = OPTIMISERS[name](model.parameters())
+    training.setOptimizer(replacement)
+    assert_same_training(ipu_steps(training, AFTER), model, cpu_reference(name))
+    assert sorted(replacement.state_dict()["state"]) == [0, 1, 2, 3]  # now its view
+    assert optimizer.state_dict()["state"][0]["momentum_buffer"].abs().sum() > 0  # a copy
+
+
 def test_a_state_from_another_kind_of_optimizer_is_a_clear_error():
     model, optimizer = fresh("torch.Adam", seed=0)
     cpu_steps(model, optimizer, BEFORE)
