@@ -9,8 +9,9 @@ micro-batches without running the Python model again.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Dict, List, Optional, Tuple
+import functools
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 import torch
 import torch.utils._pytree as pytree
@@ -21,37 +22,10 @@ from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import Error
 from ._logging import logger
-from ._losses import LossRecorder, RunningOnIpu
+from ._step_capture import StepCapture
 from .options import Options, OutputMode, ReductionType
 
 _DEVICE = torch.device("ipu:0")
-
-
-@contextlib.contextmanager
-def _whole_step_capture():
-    """The step is captured whole: a sync point inside it is a poptorch.Error."""
-    _C.set_whole_step_capture(True)
-    try:
-        yield
-    except BaseException as error:
-        _C.discard_pending_graph()  # half a step must never run
-        if "while it is being compiled" in str(error) and not isinstance(error, Error):
-            raise Error(str(error).split("\n")[0]) from None
-        raise
-    finally:
-        _C.set_whole_step_capture(False)
-
-
-@contextlib.contextmanager
-def _mode(model: torch.nn.Module, training: bool):
-    """The model in train or eval mode for the capture, then as it was."""
-    modes = {m: m.training for m in model.modules()}
-    model.train(training)
-    try:
-        yield
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
 
 
 class _Progress:
@@ -67,6 +41,19 @@ class _Progress:
     def close(self) -> None:
         self.to(100)
         self._bar.close()
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(method: F) -> F:
+    """Runs the method under the executor's lock: calls from several threads
+    take turns, as they share the step's device inputs and outputs."""
+    @functools.wraps(method)
+    def wrapper(self: "PoplarExecutor", *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return wrapper  # type: ignore[return-value]
 
 
 class PoplarExecutor:
@@ -90,20 +77,24 @@ class PoplarExecutor:
         self._optimizer = optimizer
         self._state: Optional[DeviceState] = None
         self._device_optimizer: Optional[DeviceOptimizer] = None
+        self._step: Optional[StepCapture] = None
         self._micro_step: Optional[Any] = None
         self._update: Optional[Any] = None
         self._compiled = False
         self._attached = False
         self._destroyed = False
+        self._lock = threading.RLock()
+        self._warned_float64 = False
         seed = self._options.random_seed
         self._rng = torch.Generator()
         self._rng.manual_seed(seed if seed is not None else torch.initial_seed())
 
     # --- the public interface ---------------------------------------------
 
+    @_locked
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._check_usable()
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+        leaves, spec = self._flatten(args, kwargs)
         if not self._compiled:
             self._compile(leaves, spec)
         else:
@@ -113,12 +104,13 @@ class PoplarExecutor:
                 self.attachToDevice()
         return self._run(leaves)
 
+    @_locked
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Compiles the step for inputs like these, without running it."""
         self._check_usable()
         if self._compiled:
             raise Error("the model is already compiled")
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+        leaves, spec = self._flatten(args, kwargs)
         self._compile(leaves, spec)
 
     def isCompiled(self) -> bool:
@@ -127,6 +119,7 @@ class PoplarExecutor:
     def isAttachedToDevice(self) -> bool:
         return self._attached
 
+    @_locked
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Uses ``optimizer``'s hyper-parameters from now on. Variable attributes
         (``lr`` always) change without recompiling; changing a constant is an error."""
@@ -137,18 +130,21 @@ class PoplarExecutor:
             self._device_optimizer.set_values(optimizer)
         self._optimizer = optimizer
 
+    @_locked
     def copyWeightsToHost(self) -> None:
         """Makes the host model hold the device weights (they are kept in sync
         implicitly; this also repairs host tensors that were replaced)."""
         self._check_attached("copyWeightsToHost")
         self._state.copy_to_host()
 
+    @_locked
     def copyWeightsToDevice(self) -> None:
         """Copies the host model's weights to the device, e.g. after the host
         model was trained on the CPU or had its tensors replaced."""
         self._check_attached("copyWeightsToDevice")
         self._state.copy_to_device()
 
+    @_locked
     def detachFromDevice(self) -> None:
         """Frees the IPU: weights and optimiser state move to the host."""
         self._check_attached("detachFromDevice")
@@ -156,10 +152,10 @@ class PoplarExecutor:
             self._device_optimizer.release()  # the host optimiser keeps the state
         self._state.detach()
         self._device_optimizer = None
-        self._micro_step = self._update = None
-        self._device_inputs = self._device_outputs = []
+        self._micro_step = self._update = self._step = None
         self._attached = False
 
+    @_locked
     def attachToDevice(self) -> None:
         """Loads the model back on the IPU after :meth:`detachFromDevice`."""
         self._check_usable()
@@ -171,6 +167,7 @@ class PoplarExecutor:
                     for (s, d, v) in self._input_specs]
         self._capture(examples, self._spec, progress=None)
 
+    @_locked
     def destroy(self) -> None:
         """Frees everything the model holds on the IPU; the wrapper is unusable after."""
         if self._attached:
@@ -203,6 +200,21 @@ class PoplarExecutor:
         return f"PoplarExecutor({kind}, compiled={self._compiled}, model={self._model!r})"
 
     # --- compilation --------------------------------------------------------
+
+    def _flatten(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[List[Any], Any]:
+        """The inputs' leaves; IPUs have no 64-bit floating point, so float64
+        (complex128) inputs become float32 (complex64), as in PopTorch."""
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        demoted = {torch.float64: torch.float32, torch.complex128: torch.complex64}
+        for index, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor) and leaf.dtype in demoted:
+                if not self._warned_float64:
+                    logger.warning("input %d is %s: IPUs have no 64-bit floating point, so "
+                                   "64-bit inputs are demoted to 32 bits (as PopTorch does)",
+                                   index, leaf.dtype)
+                    self._warned_float64 = True
+                leaves[index] = leaf.to(demoted[leaf.dtype])
+        return leaves, spec
 
     @property
     def _accumulation(self) -> int:
@@ -258,21 +270,14 @@ class PoplarExecutor:
         self._state = DeviceState(self._model, id(self), _DEVICE)
         device_params = {id(host): self._state.tensors[name]
                          for name, host in self._state.host.items()}
-        trainable = self._state.parameters(self._model) if self._training else []
-        for p in trainable:
-            p.requires_grad_(True)
-        # With one micro-batch per iteration, the update applies the gradients
-        # directly in the same program; otherwise they are accumulated first.
-        accumulate = self._training and self._micro_batches_per_iteration > 1
         if self._training:
             self._device_optimizer = DeviceOptimizer(self._optimizer, device_params, _DEVICE)
-            accumulators = {id(p): torch.zeros_like(p) for p in trainable} if accumulate else {}
-        self._device_inputs = []
+        device_inputs = []
         device_leaves = []
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
                 micro = leaf[: leaf.shape[0] // n].to(_DEVICE)
-                self._device_inputs.append(micro)
+                device_inputs.append(micro)
                 device_leaves.append(micro)
             else:
                 device_leaves.append(leaf)
@@ -280,54 +285,23 @@ class PoplarExecutor:
         if progress:
             progress.to(10)
 
-        args, kwargs = pytree.tree_unflatten(device_leaves, spec)
-        recorder = LossRecorder(self._model)
-        with _whole_step_capture(), _mode(self._model, self._training), recorder, RunningOnIpu():
-            with torch.enable_grad() if self._training else torch.no_grad():
-                outputs = torch.func.functional_call(self._model, self._state.tensors,
-                                                     tuple(args), kwargs, strict=False)
-            if progress:
-                progress.to(40)
-            if self._training:
-                loss = recorder.loss()
-                if loss.dim() != 0:
-                    loss = loss.sum()
-                scaled = loss * self._device_optimizer.grad_scale
-                grads = torch.autograd.grad(scaled, trainable, allow_unused=True)
-                if all(g is None for g in grads):
-                    raise Error("the loss does not depend on any trainable parameter")
-                gradients = {id(p): g for p, g in zip(trainable, grads) if g is not None}
-                if accumulate:
-                    with torch.no_grad():
-                        for key, g in gradients.items():
-                            accumulators[key].add_(g.to(accumulators[key].dtype))
-                else:
-                    self._device_optimizer.capture_update(gradients, 1.0, accumulated=False)
-                del loss, scaled, grads, gradients
-            out_leaves, self._out_spec = pytree.tree_flatten(outputs)
-            self._out_leaves = [o.detach() if isinstance(o, torch.Tensor) else o
-                                for o in out_leaves]
-            self._device_outputs = [o for o in self._out_leaves if isinstance(o, torch.Tensor)]
-            for o in self._device_outputs:
-                if o.device.type != "ipu":
-                    raise Error(f"the model returned a tensor on {o.device}: outputs must be "
-                                f"computed from the inputs and weights")
-            del outputs, out_leaves
-            self._micro_step = _C.prepare_program()
+        # With one micro-batch per iteration, the update applies the gradients
+        # directly in the same program; otherwise they are accumulated first.
+        accumulate = self._training and self._micro_batches_per_iteration > 1
+        step = StepCapture(self._model, self._state, self._training, self._device_optimizer,
+                           accumulate, device_inputs, device_leaves, spec)
+        self._step = step
+        self._micro_step = _C.StepVariants(step.micro_step(), step.recapture)
         if progress:
             progress.to(70)
-
         self._update = None
         if accumulate:
             reduction = self._options.Training.accumulation_and_replication_reduction_type
             scale = 1.0 / self._micro_batches_per_iteration if reduction == ReductionType.Mean else 1.0
-            with _whole_step_capture():
-                self._device_optimizer.capture_update(accumulators, scale, accumulated=True)
-                self._update = _C.prepare_program()
+            self._update = step.update(scale)
         self._attached = True
-        logger.debug("captured the %s step: %d nodes%s", "training" if self._training else
-                     "inference", self._micro_step.num_nodes if self._micro_step else 0,
-                     f" + {self._update.num_nodes} in the update" if self._update else "")
+        logger.debug("captured the %s step%s", "training" if self._training else "inference",
+                     f" and its update ({self._update.num_nodes} nodes)" if self._update else "")
 
     # --- running --------------------------------------------------------------
 
@@ -369,13 +343,14 @@ class PoplarExecutor:
         native_mode = {OutputMode.All: 0, OutputMode.Final: 1, OutputMode.EveryN: 2,
                        OutputMode.Sum: 3}[mode]
         seed = int(torch.randint(1, 2**62, (1,), generator=self._rng))
-        results = iter(_C.run_steps(self._micro_step, self._update, self._device_inputs,
-                                    host_inputs, self._device_outputs, o.device_iterations,
+        step = self._step
+        results = iter(_C.run_steps(self._micro_step, self._update, step.device_inputs,
+                                    host_inputs, step.device_outputs, o.device_iterations,
                                     self._accumulation, o.replication_factor, native_mode,
                                     o.output_return_period, seed))
         leaves_out = [next(results) if isinstance(x, torch.Tensor) else x
-                      for x in self._out_leaves]
-        return pytree.tree_unflatten(leaves_out, self._out_spec)
+                      for x in step.out_leaves]
+        return pytree.tree_unflatten(leaves_out, step.out_spec)
 
 
 def trainingModel(model: torch.nn.Module, options: Optional[Options] = None,

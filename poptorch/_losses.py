@@ -4,9 +4,10 @@ captured for the IPU."""
 from __future__ import annotations
 
 import threading
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
+import torch.utils._pytree as pytree
 
 from ._errors import Error
 
@@ -38,17 +39,32 @@ class LossRecorder:
         for hook in self._hooks:
             hook.remove()
 
-    def loss(self) -> torch.Tensor:
-        """The loss to differentiate, or a clear error."""
+    def loss(self, outputs: Any) -> torch.Tensor:
+        """The loss to differentiate, or a clear error. PopTorch's rule: the model
+        returns its loss — a scalar, or what identity_loss marked; several
+        returned losses must be combined into one."""
         if self.marked:
             return self.marked[-1]
+        returned: List[torch.Tensor] = []
+        for leaf in pytree.tree_leaves(outputs):
+            if (isinstance(leaf, torch.Tensor) and leaf.dim() == 0 and leaf.requires_grad
+                    and leaf.is_floating_point() and all(leaf is not r for r in returned)):
+                returned.append(leaf)
+        if len(returned) == 1:
+            return returned[0]
+        if len(returned) > 1:
+            raise Error(f"the model returns {len(returned)} scalar losses: combine them into one "
+                        "and mark it with poptorch.identity_loss(total, reduction='none'), "
+                        "e.g. return out, poptorch.identity_loss(loss1 + loss2, "
+                        "reduction='none')")
         if len(self.module_losses) == 1:
             return self.module_losses[0]
         if len(self.module_losses) > 1:
             raise Error("the model computes several losses: combine them and mark the result "
                         "with poptorch.identity_loss(total, reduction='none')")
-        raise Error("trainingModel needs a loss: compute it in forward() with a torch loss "
-                    "module (e.g. torch.nn.CrossEntropyLoss) or mark it with "
+        raise Error("trainingModel needs a loss: return it from forward() (a scalar tensor "
+                    "computed from the outputs, e.g. with torch.nn.functional.cross_entropy or "
+                    "a torch loss module) or mark it with "
                     "poptorch.identity_loss(loss, reduction='mean')")
 
 

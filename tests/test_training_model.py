@@ -360,33 +360,6 @@ def test_helpers_and_error_classes():
         assert "needs a loss" in e.message and "test_training_model.py" in e.location
 
 
-class ReadsAHostValue(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l = torch.nn.Linear(4, 2)
-        self.bn = torch.nn.BatchNorm1d(2)
-
-    def forward(self, x):
-        out = self.bn(self.l(x))
-        if out.sum().item() > 1e9:  # a host read inside the model
-            out = out * 2
-        return out
-
-
-def test_a_host_read_inside_the_model_is_a_clear_error_and_runs_nothing():
-    model = ReadsAHostValue()
-    ipu = poptorch.inferenceModel(model)
-    model.train()
-    stats = model.bn.running_mean.clone()
-    with pytest.raises(poptorch.Error, match="needs a value on the host while it is being compiled"):
-        poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))(
-            torch.randn(4, 4))
-    poptorch.synchronize()
-    assert torch.equal(model.bn.running_mean, stats)  # the half-captured step never ran
-    with pytest.raises(poptorch.Error, match="static graph"):
-        ipu(torch.randn(4, 4))
-
-
 class CountingModel(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -4,6 +4,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include "capture/meta_inference.h"
+#include "ir/graph.h"
+
 namespace poptorch::capture {
 
 // The IPU key's boxed fallback: every operator without an explicit ipu kernel
@@ -17,6 +20,16 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch:
 // on one ipu unless `allow_several_ipus` (copies between IPUs).
 bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                bool allow_several_ipus = false);
+
+// The ipu device `op` runs on (a factory: the one it asks for). Host tensors
+// in its index lists are uploaded there, on the stack.
+c10::Device prepareArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                             bool allow_several_ipus = false);
+
+// Appends `op` on the stack's arguments to the pending graph as a node whose
+// results look like `meta`, and replaces the arguments by its results.
+void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
+                const MetaResult& meta, ir::Guard guard);
 
 // Runs `op` at once on the host (a graph break), counted and logged once per op.
 void hostFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* reason);

@@ -9,6 +9,7 @@
 #include "capture/capture.h"
 #include "capture/meta_inference.h"
 #include "capture/pending_graph.h"
+#include "capture/step_capture.h"
 #include "common/ivalue_tensors.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -225,33 +226,44 @@ void drawSeed(ir::Node& node, c10::ArrayRef<c10::IValue> arguments) {
   node.seed = at::check_generator<at::CPUGeneratorImpl>(generator)->random64();
 }
 
+// Arguments an op writes although its schema does not say so (PyTorch keeps
+// these schemas for compatibility): batch norm updates its running statistics
+// in place when it trains.
+std::vector<size_t> unannotatedWrites(const c10::OperatorHandle& op,
+                                      c10::ArrayRef<c10::IValue> arguments) {
+  const std::string& name = op.operator_name().name;
+  if (name == "aten::native_batch_norm" && arguments[5].toBool()) return {3, 4};
+  if (name == "aten::batch_norm_update_stats") return {1, 2};
+  return {};
+}
+
 }  // namespace
 
-bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool allow_several_ipus) {
+void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
+                const MetaResult& meta, ir::Guard guard) {
   const c10::FunctionSchema& schema = op.schema();
   const size_t num_args = schema.arguments().size();
-  std::optional<c10::Device> device =
-      commonDevice(op, torch::jit::last(*stack, num_args), allow_several_ipus);
-  if (!device) device = factoryDevice(torch::jit::last(*stack, num_args));
-  uploadIndexLists(op, stack, device->index());
   const c10::ArrayRef<c10::IValue> arguments = torch::jit::last(*stack, num_args);
-
-  const std::optional<MetaResult> meta = inferMeta(op, arguments);
-  if (!meta) return false;
-
   auto lock = PendingGraph::get().lock();
   PendingGraph& pending = PendingGraph::get();
   ir::Node node(op);
+  node.guard = guard;
   for (size_t i = 0; i < num_args; ++i) {
     const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
     if (!alias || !alias->isWrite()) continue;
     size_t next = 0;
     forEachTensor(arguments[i], [&](const at::Tensor& ipu) {
-      const Layout& layout = meta->written[i][next++];
+      const Layout& layout = meta.written[i][next++];
       if (!ipu.defined()) return;
       mirrorLayout(ipu, layout, pending);
       node.writes.push_back(pending.refOf(ipu).buffer);
     });
+  }
+  for (size_t i : unannotatedWrites(op, arguments)) {
+    const c10::IValue& value = arguments[i];
+    if (value.isTensor() && value.toTensor().defined() && value.toTensor().is_ipu()) {
+      node.writes.push_back(pending.refOf(value.toTensor()).buffer);
+    }
   }
   for (size_t i = 0; i < num_args; ++i) {
     node.args.push_back(makeArg(schema.arguments()[i], arguments[i], node, pending));
@@ -259,18 +271,22 @@ bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool all
   drawSeed(node, arguments);
 
   std::vector<c10::IValue> results;
-  results.reserve(meta->returns.size());
-  bool only_views = !meta->returns.empty() && node.writes.empty();
-  for (size_t r = 0; r < meta->returns.size(); ++r) {
+  results.reserve(meta.returns.size());
+  bool only_views = !meta.returns.empty() && node.writes.empty();
+  for (size_t r = 0; r < meta.returns.size(); ++r) {
     const c10::AliasInfo* alias = schema.returns()[r].alias_info();
     if (alias && alias->isWrite()) {
       results.push_back(mutatedArgument(schema, *alias, arguments));
       node.fresh_returns.push_back(false);
     } else if (alias) {
-      results.push_back(viewResult(meta->returns[r], argumentStorages(arguments)));
+      results.push_back(viewResult(meta.returns[r], argumentStorages(arguments)));
       node.fresh_returns.push_back(false);
     } else {
-      results.push_back(freshResult(meta->returns[r], device->index(), node, pending));
+      const ReturnInfo& info = meta.returns[r];
+      if (guard == ir::Guard::kShape && !info.is_list && info.tensors.empty()) {
+        node.observed.push_back(info.other);
+      }
+      results.push_back(freshResult(info, device.index(), node, pending));
       node.fresh_returns.push_back(true);
       only_views = false;
     }
@@ -280,6 +296,24 @@ bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool all
 
   torch::jit::drop(*stack, num_args);
   for (c10::IValue& result : results) stack->push_back(std::move(result));
+}
+
+c10::Device prepareArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                             bool allow_several_ipus) {
+  const size_t num_args = op.schema().arguments().size();
+  std::optional<c10::Device> device =
+      commonDevice(op, torch::jit::last(*stack, num_args), allow_several_ipus);
+  if (!device) device = factoryDevice(torch::jit::last(*stack, num_args));
+  uploadIndexLists(op, stack, device->index());
+  return *device;
+}
+
+bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool allow_several_ipus) {
+  const c10::Device device = prepareArguments(op, stack, allow_several_ipus);
+  const std::optional<MetaResult> meta =
+      inferMeta(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  if (!meta) return false;
+  recordNode(op, stack, device, *meta, ir::Guard::kNone);
   return true;
 }
 
@@ -301,16 +335,21 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
                               " has no host kernel, so the emulated IPU cannot run "
                               "it; it is not supported on ipu tensors.");
   checkNotQuantized(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  const char* reason = nullptr;
   if (op.hasTag(at::Tag::dynamic_output_shape)) {
-    hostFallback(op, stack, "its output shape depends on the data");
+    reason = "its output shape depends on the data";
+  } else if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
+    reason = "it has no Meta kernel to infer its output shape";
+  } else if (!captureOp(op, stack)) {
+    reason = "its Meta kernel could not infer its outputs";
+  } else {
     return;
   }
-  if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
-    hostFallback(op, stack, "it has no Meta kernel to infer its output shape");
-    return;
-  }
-  if (!captureOp(op, stack)) {
-    hostFallback(op, stack, "its Meta kernel could not infer its outputs");
+  // A step captured whole cannot break: the op joins it, guarded.
+  if (capturingStep()) {
+    captureObservingResults(op, stack);
+  } else {
+    hostFallback(op, stack, reason);
   }
 }
 

@@ -21,6 +21,7 @@
 
 #include "capture/capture.h"
 #include "capture/pending_graph.h"
+#include "capture/step_capture.h"
 #include "common/metrics.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
@@ -161,6 +162,10 @@ void upload(const at::Tensor& cpu_src, const at::Tensor& ipu_dst) {
 
 void download(const at::Tensor& ipu_src, const at::Tensor& cpu_dst) {
   auto lock = PendingGraph::get().lock();
+  if (capturingStep()) {
+    cpu_dst.copy_(readForHost(ipu_src));
+    return;
+  }
   PendingGraph::get().flush();
   device::materialize(*ipu_src.storage().unsafeGetStorageImpl());
   cpu_dst.copy_(runtime::hostAlias(ipu_src));
@@ -187,6 +192,7 @@ at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
 
 c10::Scalar localScalarDense(const at::Tensor& self) {
   auto lock = PendingGraph::get().lock();
+  if (capturingStep()) return at::_local_scalar_dense(readForHost(self));
   PendingGraph::get().flush();
   device::materialize(*self.storage().unsafeGetStorageImpl());
   Metrics::get().bytesFromIpu(static_cast<int64_t>(self.itemsize()));

@@ -31,18 +31,7 @@ class StorageNumbering {
 class MetaTwins {
  public:
   c10::IValue convert(const c10::IValue& value) {
-    if (value.isTensor()) return twin(value.toTensor());
-    if (value.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : value.toTensorList()) list.push_back(twin(t));
-      return list;
-    }
-    if (value.isList()) {
-      c10::impl::GenericList list(value.toList().elementType());
-      for (const c10::IValue& element : value.toListRef()) list.push_back(convert(element));
-      return list;
-    }
-    return value;
+    return mapTensors(value, [this](const at::Tensor& t) { return twin(t); });
   }
 
   // The argument storage a meta result views, or -1.
@@ -76,18 +65,6 @@ class MetaTwins {
   std::vector<c10::Storage> meta_storages_;
   absl::flat_hash_map<const c10::StorageImpl*, int32_t> index_of_meta_;
 };
-
-Layout layoutOf(const at::Tensor& t, int32_t storage) {
-  Layout layout;
-  layout.defined = t.defined();
-  if (!layout.defined) return layout;
-  layout.dtype = t.scalar_type();
-  layout.sizes.assign(t.sizes().begin(), t.sizes().end());
-  layout.strides.assign(t.strides().begin(), t.strides().end());
-  layout.offset = t.storage_offset();
-  layout.storage = storage;
-  return layout;
-}
 
 // Everything a Meta kernel's answer can depend on, as integers: the op, and
 // for each argument its value or, for a tensor, its metadata and aliasing.
@@ -223,6 +200,18 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
 }
 
 }  // namespace
+
+Layout layoutOf(const at::Tensor& t, int32_t storage) {
+  Layout layout;
+  layout.defined = t.defined();
+  if (!layout.defined) return layout;
+  layout.dtype = t.scalar_type();
+  layout.sizes.assign(t.sizes().begin(), t.sizes().end());
+  layout.strides.assign(t.strides().begin(), t.strides().end());
+  layout.offset = t.storage_offset();
+  layout.storage = storage;
+  return layout;
+}
 
 std::optional<MetaResult> inferMeta(const c10::OperatorHandle& op,
                                     c10::ArrayRef<c10::IValue> arguments) {

@@ -33,6 +33,9 @@ struct MetaResult {
   std::vector<std::vector<Layout>> written;  // per argument: its tensors after the op
 };
 
+// The layout of `t`; `storage` as in Layout.
+Layout layoutOf(const at::Tensor& t, int32_t storage = -1);
+
 // The results `op` would give for `arguments`, or nullopt when its Meta
 // kernel cannot tell (it raised, e.g. for a data-dependent shape).
 std::optional<MetaResult> inferMeta(const c10::OperatorHandle& op,

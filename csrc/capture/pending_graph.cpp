@@ -2,13 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "common/environment.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/source_location.h"
 #include "compiler/executable.h"
 #include "device/ipu_device.h"
+#include "device/ipu_tensor.h"
 #include "ir/hash.h"
+#include "runtime/executor.h"
 #include "runtime/worker.h"
 
 namespace poptorch::capture {
@@ -18,12 +22,17 @@ double secondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-constexpr const char* kHostValueDuringCapture =
-    "the model needs a value on the host while it is being compiled (.item(), .tolist(), "
-    "printing, .cpu(), or an op whose output shape depends on the data, such as nonzero or "
-    "boolean-mask indexing). PopTorch compiles the step into a static graph: move that "
-    "computation out of the model, or make it shape-static (e.g. torch.where instead of "
-    "masking).";
+// A materialised ipu storage of `nbytes` on `device`, with a copy of `from`'s
+// bytes if given.
+c10::Storage scratchStorage(int64_t nbytes, c10::Device device, const c10::Storage* from) {
+  at::Tensor bytes = device::emptyIpuTensor({nbytes}, {1}, c10::ScalarType::Byte, device.index());
+  c10::StorageImpl& storage = *bytes.storage().unsafeGetStorageImpl();
+  device::materialize(storage);
+  if (from != nullptr && nbytes > 0) {
+    std::memcpy(storage.mutable_data(), from->data(), static_cast<size_t>(nbytes));
+  }
+  return bytes.storage();
+}
 
 }  // namespace
 
@@ -75,6 +84,9 @@ void PendingGraph::noteResize(const c10::StorageImpl* storage) {
 
 void PendingGraph::append(ir::Node node) {
   node.source_index = static_cast<int32_t>(graph_.nodes.size());
+  if (node.guard != ir::Guard::kNone) {
+    graph_.guard_sites.emplace(node.source_index, userSourceLocation());
+  }
   graph_.nodes.push_back(std::move(node));
   Metrics::get().opCaptured();
   if (whole_step_capture_) return;
@@ -128,26 +140,76 @@ std::unique_ptr<runtime::Program> PendingGraph::prepare() {
     }
   }
 
+  std::shared_ptr<const compiler::Executable> exe = executableFor(graph);
+  return std::make_unique<runtime::Program>(std::move(exe), std::move(graph), std::move(storages));
+}
+
+std::shared_ptr<const compiler::Executable> PendingGraph::executableFor(const ir::Graph& graph) {
   const uint64_t key = ir::structuralHash(graph);
   auto& cache = compiler::ExecutableCache::get();
   std::shared_ptr<const compiler::Executable> exe = cache.find(key);
   if (exe) {
     Metrics::get().cacheHit();
-  } else {
-    const auto start = std::chrono::steady_clock::now();
-    POPTORCH_LOG(kDebug) << "compiling a graph of " << graph.nodes.size()
-                         << " nodes: no executable with its structure is cached";
-    exe = compiler::compile(graph, key);
-    cache.insert(exe);
-    Metrics::get().graphCompiled(secondsSince(start));
+    return exe;
   }
-  return std::make_unique<runtime::Program>(std::move(exe), std::move(graph), std::move(storages));
+  const auto start = std::chrono::steady_clock::now();
+  POPTORCH_LOG(kDebug) << "compiling a graph of " << graph.nodes.size()
+                       << " nodes: no executable with its structure is cached";
+  exe = compiler::compile(graph, key);
+  cache.insert(exe);
+  Metrics::get().graphCompiled(secondsSince(start));
+  return exe;
+}
+
+std::vector<at::Tensor> PendingGraph::evaluate(const std::vector<at::Tensor>& tensors) {
+  ir::Graph graph = graph_;
+  std::vector<bool> changed(graph.buffers.size(), false);
+  for (const ir::Node& node : graph.nodes) {
+    for (ir::BufferId w : node.writes) changed[w] = true;
+    for (const ir::TensorRef& out : node.outputs) changed[out.buffer] = true;
+  }
+  // Only the wanted buffers that pending nodes change need a run; the others
+  // hold their value already.
+  std::vector<ir::BufferId> wanted(tensors.size(), -1);
+  bool run = false;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto it = ids_.find(tensors[i].storage().unsafeGetStorageImpl());
+    if (it == ids_.end() || !changed[it->second]) continue;
+    wanted[i] = it->second;
+    graph.buffers[it->second].live_after = true;
+    run = true;
+  }
+  std::vector<c10::Storage> storages(entries_.size());
+  if (run) {
+    for (size_t b = 0; b < entries_.size(); ++b) {
+      ir::BufferInfo& info = graph.buffers[b];
+      const c10::Storage& before = entries_[b].strong;
+      if (before && !changed[b]) {
+        storages[b] = before;  // read only
+      } else if (before || info.live_after) {
+        storages[b] = scratchStorage(info.nbytes, info.device, before ? &before : nullptr);
+      }
+    }
+    std::shared_ptr<const compiler::Executable> exe = executableFor(graph);
+    runtime::Program(std::move(exe), std::move(graph), storages).run();
+  }
+  std::vector<at::Tensor> values;
+  values.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    c10::Storage storage = wanted[i] >= 0 ? storages[wanted[i]] : t.storage();
+    device::materialize(*storage.unsafeGetStorageImpl());
+    at::Tensor view =
+        device::ipuView(storage, t.sizes(), t.strides(), t.storage_offset(), t.scalar_type());
+    values.push_back(runtime::hostAlias(view).clone(at::MemoryFormat::Contiguous));
+  }
+  return values;
 }
 
 void PendingGraph::flush() {
-  if (whole_step_capture_ && !graph_.nodes.empty()) {
-    discard();  // the capture is abandoned
-    TORCH_CHECK(false, kHostValueDuringCapture);
+  if (whole_step_capture_) {
+    POPTORCH_LOG(kDebug) << "synchronize() while a step is captured whole: nothing runs";
+    return;
   }
   std::unique_ptr<runtime::Program> program = prepare();
   // Earlier chunks first; the last one runs here, without a hand-off.

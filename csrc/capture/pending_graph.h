@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <absl/container/flat_hash_map.h>
 
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -31,6 +32,7 @@ class PendingGraph {
   void noteResize(const c10::StorageImpl* storage);
 
   // Appends a node; runs the graph when it grows past POPTORCH_MAX_GRAPH_NODES.
+  // A guard node records where the user's code read the value it guards.
   void append(ir::Node node);
 
   // Turns the pending nodes into a program (compiled, or found in the cache)
@@ -42,12 +44,19 @@ class PendingGraph {
   // ipu storage materialised and up to date.
   void flush();
 
+  // The values `tensors` (ipu tensors) would hold if the pending nodes ran,
+  // as CPU tensors, computed without running them: a copy of the graph runs
+  // on copies of the buffers it would change, and the graph stays pending.
+  std::vector<at::Tensor> evaluate(const std::vector<at::Tensor>& tensors);
+
   // Forgets every pending node (a capture that failed half-way).
   void discard();
 
   // While a whole step is captured for trainingModel/inferenceModel, the graph
-  // must not run in pieces: a sync point then is an error that says why.
+  // must not run in pieces: what the host reads is evaluated and guarded
+  // instead (see capture/step_capture.h), and a flush does nothing.
   void setWholeStepCapture(bool on) { whole_step_capture_ = on; }
+  bool wholeStepCapture() const { return whole_step_capture_; }
 
   size_t size() const { return graph_.nodes.size(); }
   std::string toString() const { return graph_.toString(); }
@@ -62,6 +71,8 @@ class PendingGraph {
     std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> weak;
   };
   ir::BufferId addBuffer(const at::Tensor& tensor, bool existed_before);
+  // The executable for `graph`: from the cache, or compiled now.
+  static std::shared_ptr<const compiler::Executable> executableFor(const ir::Graph& graph);
 
   std::mutex mutex_;
   ir::Graph graph_;
@@ -73,7 +84,7 @@ class PendingGraph {
 
   size_t max_nodes_;
   size_t stream_nodes_;
-  bool whole_step_capture_ = false;
+  std::atomic<bool> whole_step_capture_{false};
 };
 
 }  // namespace poptorch::capture

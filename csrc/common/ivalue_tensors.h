@@ -18,4 +18,22 @@ void forEachTensor(const c10::IValue& value, F&& fn) {
   }
 }
 
+// `value` with fn(tensor) in place of each tensor, also inside a Tensor[] or
+// Tensor?[] list (Nones stay).
+template <typename F>
+c10::IValue mapTensors(const c10::IValue& value, F&& fn) {
+  if (value.isTensor()) return fn(value.toTensor());
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : value.toTensorList()) list.push_back(fn(t));
+    return list;
+  }
+  if (value.isList()) {
+    c10::impl::GenericList list(value.toList().elementType());
+    for (const c10::IValue& element : value.toListRef()) list.push_back(mapTensors(element, fn));
+    return list;
+  }
+  return value;
+}
+
 }  // namespace poptorch

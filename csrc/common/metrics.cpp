@@ -31,6 +31,7 @@ MetricsSnapshot Metrics::snapshot() const {
   s.cache_evictions = cache_evictions_.load();
   s.executions = executions_.load();
   s.host_fallbacks = host_fallbacks_.load();
+  s.guard_failures = guard_failures_.load();
   s.bytes_to_ipu = bytes_to_ipu_.load();
   s.bytes_from_ipu = bytes_from_ipu_.load();
   s.compile_seconds = compile_seconds_.load();
@@ -47,6 +48,7 @@ void Metrics::reset() {
   cache_evictions_ = 0;
   executions_ = 0;
   host_fallbacks_ = 0;
+  guard_failures_ = 0;
   bytes_to_ipu_ = 0;
   bytes_from_ipu_ = 0;
   compile_seconds_ = 0;

@@ -17,6 +17,7 @@ struct MetricsSnapshot {
   int64_t cache_evictions = 0;
   int64_t executions = 0;
   int64_t host_fallbacks = 0;
+  int64_t guard_failures = 0;
   int64_t bytes_to_ipu = 0;
   int64_t bytes_from_ipu = 0;
   double compile_seconds = 0;
@@ -35,6 +36,7 @@ class Metrics {
   void executed(double seconds);
   // Returns true the first time `op` falls back, so callers can log it once.
   bool hostFallback(const std::string& op);
+  void guardFailed() { guard_failures_.fetch_add(1, std::memory_order_relaxed); }
   void bytesToIpu(int64_t n) { bytes_to_ipu_.fetch_add(n, std::memory_order_relaxed); }
   void bytesFromIpu(int64_t n) { bytes_from_ipu_.fetch_add(n, std::memory_order_relaxed); }
 
@@ -48,6 +50,7 @@ class Metrics {
   std::atomic<int64_t> cache_evictions_{0};
   std::atomic<int64_t> executions_{0};
   std::atomic<int64_t> host_fallbacks_{0};
+  std::atomic<int64_t> guard_failures_{0};
   std::atomic<int64_t> bytes_to_ipu_{0};
   std::atomic<int64_t> bytes_from_ipu_{0};
   std::atomic<double> compile_seconds_{0};

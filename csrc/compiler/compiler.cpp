@@ -54,6 +54,24 @@ std::vector<bool> findFlexibleLayouts(const ir::Graph& program,
   return flexible;
 }
 
+void findGuardedWrites(Executable& exe) {
+  const auto& nodes = exe.program.nodes;
+  size_t end = 0;  // one past the last guard
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (nodes[i].guard != ir::Guard::kNone) end = i + 1;
+  }
+  exe.has_guards = end > 0;
+  std::vector<bool> seen(exe.program.buffers.size(), false);
+  for (size_t i = 0; i < end; ++i) {
+    for (ir::BufferId w : nodes[i].writes) {
+      if (exe.roles[w] == BufferRole::kExternal && !seen[w]) {
+        seen[w] = true;
+        exe.guarded_writes.push_back(w);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key) {
@@ -64,6 +82,7 @@ std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key) 
   exe->roles = assignRoles(exe->program);
   exe->flexible_layout = findFlexibleLayouts(exe->program, exe->roles);
 
+  findGuardedWrites(*exe);
   planMemory(*exe);
   chooseOutVariants(*exe);
   POPTORCH_LOG(kDebug) << "compiled graph " << std::hex << key << std::dec << ": "

@@ -41,6 +41,11 @@ struct Executable {
   // Per node of `program`: the out= overload that writes its result straight
   // into the result's buffer, for nodes that can use one.
   std::vector<std::optional<c10::OperatorHandle>> out_variant;
+  // The program is specialised on values read while capturing (it has guard
+  // nodes). A run whose guard fails restores `guarded_writes`, the external
+  // buffers that nodes up to the last guard write in place.
+  bool has_guards = false;
+  std::vector<ir::BufferId> guarded_writes;
 };
 
 // Optimises `graph` and plans it. `key` is its structural hash.

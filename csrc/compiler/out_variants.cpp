@@ -67,7 +67,10 @@ void chooseOutVariants(Executable& exe) {
   exe.out_variant.assign(program.nodes.size(), std::nullopt);
   for (size_t i = 0; i < program.nodes.size(); ++i) {
     const ir::Node& node = program.nodes[i];
-    if (node.outputs.size() != 1 || !node.writes.empty()) continue;
+    // An op whose output shape depends on the data resizes an out= argument.
+    if (node.outputs.size() != 1 || !node.writes.empty() || node.guard == ir::Guard::kShape) {
+      continue;
+    }
     const ir::TensorRef& out = node.outputs[0];
     // Channels-last plans rely on adopting the kernel's own layout.
     const bool planned_layout =

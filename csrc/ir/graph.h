@@ -6,6 +6,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <absl/container/flat_hash_map.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/SmallVector.h>
@@ -67,6 +68,15 @@ struct Arg {
   static Arg tensor(int32_t ref) { return {ArgKind::kTensor, {}, {ref}}; }
 };
 
+// A step captured whole (trainingModel/inferenceModel) is specialised on what
+// the host read while capturing it; a guard checks on every run that this
+// still holds (see runtime::GuardFailure).
+enum class Guard : uint8_t {
+  kNone,
+  kValue,  // a poptorch::guard_equal node: its input must hold the value read
+  kShape,  // an op whose output shape depends on the data: the shapes seen must recur
+};
+
 struct Node {
   c10::OperatorHandle op;
   std::vector<Arg> args;
@@ -82,6 +92,10 @@ struct Node {
   // not the state when the graph runs. Runtime data: not hashed.
   std::optional<uint64_t> seed;
   int32_t generator_arg = -1;  // index of the op's Generator? argument, if any
+  Guard guard = Guard::kNone;
+  // kShape: the op's non-tensor results (bools, ints...) when it was captured,
+  // in order; they must recur too. Runtime data: not hashed.
+  std::vector<c10::IValue> observed;
 
   explicit Node(c10::OperatorHandle handle) : op(std::move(handle)) {}
   std::string name() const;
@@ -102,6 +116,8 @@ struct BufferInfo {
 struct Graph {
   std::vector<BufferInfo> buffers;
   std::vector<Node> nodes;
+  // Where in the user's code each guard's value was read, by source_index.
+  absl::flat_hash_map<int32_t, std::string> guard_sites;
 
   BufferId addBuffer(BufferInfo info);
   // Keeps node i when keep[i], in order.

@@ -79,6 +79,7 @@ uint64_t structuralHash(const Graph& graph) {
     const c10::OperatorName& name = node.op.operator_name();
     h = hashCombine(h, hashString(name.name));
     h = hashCombine(h, hashString(name.overload_name));
+    h = hashCombine(h, static_cast<uint64_t>(node.guard));
     for (const Arg& arg : node.args) {
       h = hashCombine(h, static_cast<uint64_t>(arg.kind));
       switch (arg.kind) {

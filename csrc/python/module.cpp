@@ -9,11 +9,13 @@
 #include "capture/pending_graph.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/source_location.h"
 #include "compiler/executable.h"
 #include "device/ipu_device.h"
 #include "runtime/executor.h"
 #include "runtime/program.h"
 #include "runtime/step_runner.h"
+#include "runtime/step_variants.h"
 
 namespace py = pybind11;
 
@@ -29,6 +31,7 @@ py::dict metricsDict() {
   d["cache_evictions"] = s.cache_evictions;
   d["executions"] = s.executions;
   d["host_fallbacks"] = s.host_fallbacks;
+  d["guard_failures"] = s.guard_failures;
   d["fallback_ops"] = s.fallback_ops;
   d["compile_seconds"] = s.compile_seconds;
   d["execute_seconds"] = s.execute_seconds;
@@ -56,7 +59,7 @@ std::shared_ptr<runtime::Program> prepareProgram() {
   return capture::PendingGraph::get().prepare();
 }
 
-std::vector<at::Tensor> runSteps(const runtime::Program& micro_step, const runtime::Program* update,
+std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, const runtime::Program* update,
                                  const std::vector<at::Tensor>& device_inputs,
                                  const std::vector<at::Tensor>& host_inputs,
                                  const std::vector<at::Tensor>& device_outputs, int64_t iterations,
@@ -80,6 +83,38 @@ void backStorage(const at::Tensor& tensor) {
   if (!tensor.has_storage()) return;  // a wrapper subclass: nothing to back
   auto lock = capture::PendingGraph::get().lock();
   device::materialize(*tensor.storage().unsafeGetStorageImpl());
+}
+
+// The innermost frame of the calling Python code outside torch and poptorch:
+// where a value read while capturing a step came from.
+std::string pythonSourceLocation() {
+  py::gil_scoped_acquire gil;
+  for (PyFrameObject* frame = PyEval_GetFrame(); frame != nullptr;) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    const std::string file = py::cast<std::string>(py::handle(code->co_filename));
+    const std::string function = py::cast<std::string>(py::handle(code->co_name));
+    Py_DECREF(code);
+    const bool library = file.find("/torch/") != std::string::npos ||
+                         file.find("/poptorch/") != std::string::npos ||
+                         file.rfind("<frozen", 0) == 0;
+    if (!library) {
+      return file + ":" + std::to_string(PyFrame_GetLineNumber(frame)) + " (in " + function + ")";
+    }
+    frame = PyFrame_GetBack(frame);  // a new reference, but frames below ours stay alive
+    Py_XDECREF(frame);
+  }
+  return "an unknown place";
+}
+
+// A step captured again when its guards fail: the Python function returns
+// the new Program.
+runtime::StepVariants makeStepVariants(std::shared_ptr<runtime::Program> first,
+                                       py::function capture) {
+  auto shared = std::make_shared<py::function>(std::move(capture));
+  return runtime::StepVariants(std::move(first), [shared](const runtime::GuardFailure& failure) {
+    py::gil_scoped_acquire gil;
+    return (*shared)(failure.site, failure.what()).cast<std::shared_ptr<runtime::Program>>();
+  });
 }
 
 size_t pendingNodes() {
@@ -135,5 +170,11 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("prepare_program", &prepareProgram,
         "Takes the pending graph as a Program without running it (None if empty).");
+  py::class_<runtime::StepVariants, std::shared_ptr<runtime::StepVariants>>(
+      m, "StepVariants",
+      "A micro-step as programs specialised on the values the host read while capturing it.")
+      .def(py::init(&makeStepVariants), py::arg("first"), py::arg("capture"))
+      .def("__len__", &runtime::StepVariants::size);
   m.def("run_steps", &runSteps, py::call_guard<py::gil_scoped_release>());
+  setSourceLocationProvider(&pythonSourceLocation);
 }

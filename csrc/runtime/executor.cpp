@@ -13,6 +13,7 @@
 #include "common/ivalue_tensors.h"
 #include "ir/hash.h"
 #include "runtime/arena.h"
+#include "runtime/guard_failure.h"
 
 namespace poptorch::runtime {
 namespace {
@@ -114,16 +115,22 @@ class Run {
     const std::optional<c10::OperatorHandle>& out_variant = exe_.out_variant[index];
     if (out_variant) stack_.push_back(output(node.outputs[0]));
     const c10::OperatorHandle& op = out_variant ? *out_variant : node.op;
-    if (source.seed && node.generator_arg >= 0) {
-      stack_[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(seedOf(source));
-      call(op);
-    } else if (source.seed) {
-      DefaultGeneratorSeeded seeded(seedOf(source));
-      call(op);
-    } else {
-      call(op);
+    try {
+      if (source.seed && node.generator_arg >= 0) {
+        stack_[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(seedOf(source));
+        call(op);
+      } else if (source.seed) {
+        DefaultGeneratorSeeded seeded(seedOf(source));
+        call(op);
+      } else {
+        call(op);
+      }
+    } catch (GuardFailure& failure) {
+      failure.node = node.source_index;
+      throw;
     }
 
+    if (node.guard == ir::Guard::kShape) checkObserved(node, source);
     // An out= kernel has written its result in place; other results are placed.
     if (!out_variant) placeResults(node);
     for (ir::BufferId b : exe_.release_after[index]) host_[b] = c10::Storage();
@@ -132,6 +139,23 @@ class Run {
  private:
   uint64_t seedOf(const ir::Node& source) const {
     return seed_salt_ == 0 ? *source.seed : ir::hashCombine(*source.seed, seed_salt_);
+  }
+
+  // An op whose results depend on the data must return the non-tensor values
+  // it returned when the step was captured (shapes are checked in place()).
+  void checkObserved(const ir::Node& node, const ir::Node& source) const {
+    size_t next = 0;
+    for (const c10::IValue& value : stack_) {
+      if (value.isTensor() || value.isTensorList()) continue;
+      if (next < source.observed.size() &&
+          c10::_fastEqualsForContainer(value, source.observed[next++])) {
+        continue;
+      }
+      GuardFailure failure(node.name() + " returned " + c10::str(value) +
+                           " where it returned another value when the step was captured");
+      failure.node = node.source_index;
+      throw failure;
+    }
   }
 
   void placeResults(const ir::Node& node) {
@@ -258,6 +282,13 @@ class Run {
   }
 
   void place(const ir::Node& node, const ir::TensorRef& ref, const at::Tensor& result) {
+    if (node.guard == ir::Guard::kShape && !result.sizes().equals(ref.sizes)) {
+      GuardFailure failure(node.name() + " returned a result of shape " + c10::str(result.sizes()) +
+                           " where it returned " + c10::str(c10::IntArrayRef(ref.sizes)) +
+                           " when the step was captured");
+      failure.node = node.source_index;
+      throw failure;
+    }
     if (!result.sizes().equals(ref.sizes)) {
       // Some Meta kernels disagree with the host kernel about an auxiliary
       // result that one of them leaves empty (batch-norm statistics in eval
@@ -319,6 +350,14 @@ c10::Storage hostStorageOf(c10::StorageImpl& ipu_storage) {
 at::Tensor hostAlias(const at::Tensor& ipu_tensor) {
   return viewOf(hostStorageOf(*ipu_tensor.storage().unsafeGetStorageImpl()),
                 ir::TensorRef::of(ipu_tensor, /*buffer=*/0));
+}
+
+at::Tensor hostBytes(c10::StorageImpl& ipu_storage) {
+  ir::TensorRef ref;
+  ref.dtype = c10::ScalarType::Byte;
+  ref.sizes = {static_cast<int64_t>(ipu_storage.nbytes())};
+  ref.strides = {1};
+  return viewOf(hostStorageOf(ipu_storage), ref);
 }
 
 }  // namespace poptorch::runtime

@@ -22,5 +22,7 @@ c10::Storage hostStorageOf(c10::StorageImpl& ipu_storage);
 // A CPU tensor with the sizes, strides and offset of `ipu_tensor`, aliasing its
 // (materialised) bytes.
 at::Tensor hostAlias(const at::Tensor& ipu_tensor);
+// The bytes of a materialised ipu storage, as a 1-D uint8 CPU tensor aliasing them.
+at::Tensor hostBytes(c10::StorageImpl& ipu_storage);
 
 }  // namespace poptorch::runtime

@@ -5,6 +5,7 @@
 #include "common/metrics.h"
 #include "device/ipu_device.h"
 #include "runtime/executor.h"
+#include "runtime/guard_failure.h"
 
 namespace poptorch::runtime {
 
@@ -70,9 +71,31 @@ void Program::run(uint64_t seed_salt) const {
                      "use a smaller batch, or raise POPTORCH_IPU_MEMORY_MB.");
   }
   const auto start = std::chrono::steady_clock::now();
-  execute(*executable_, *graph_, external_, seed_salt);
+  if (executable_->has_guards) {
+    runGuarded(seed_salt);
+  } else {
+    execute(*executable_, *graph_, external_, seed_salt);
+  }
   Metrics::get().executed(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+void Program::runGuarded(uint64_t seed_salt) const {
+  // What the nodes before a guard change in place must be undone if the guard
+  // fails: the run then never happened.
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved;
+  for (ir::BufferId b : executable_->guarded_writes) {
+    at::Tensor bytes = hostBytes(*external_[b]);
+    saved.emplace_back(bytes, bytes.clone());
+  }
+  try {
+    execute(*executable_, *graph_, external_, seed_salt);
+  } catch (GuardFailure& failure) {
+    for (auto& [bytes, copy] : saved) bytes.copy_(copy);
+    auto site = graph_->guard_sites.find(failure.node);
+    if (site != graph_->guard_sites.end()) failure.site = site->second;
+    throw;
+  }
 }
 
 }  // namespace poptorch::runtime

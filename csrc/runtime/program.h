@@ -29,6 +29,9 @@ class Program {
   void run(uint64_t seed_salt = 0) const;
 
   size_t numNodes() const { return executable_->program.nodes.size(); }
+  // True when the program is specialised on values read while capturing: a
+  // run may then throw GuardFailure, having changed nothing.
+  bool hasGuards() const { return executable_->has_guards; }
   const std::vector<c10::Storage>& storages() const { return storages_; }
   // True when a random op in it draws from the default generator, whose state
   // the runtime swaps while it runs: such a program must run on the thread
@@ -38,6 +41,8 @@ class Program {
  private:
   Program(std::shared_ptr<const compiler::Executable> executable,
           std::shared_ptr<const ir::Graph> graph, std::vector<c10::Storage> storages);
+
+  void runGuarded(uint64_t seed_salt) const;
 
   std::shared_ptr<const compiler::Executable> executable_;
   std::shared_ptr<const ir::Graph> graph_;   // as captured: runtime arguments come from here

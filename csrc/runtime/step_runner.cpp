@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <exception>
+#include <functional>
 
 #include "common/metrics.h"
 #include "device/ipu_device.h"
@@ -105,10 +106,10 @@ void copyRows(const at::Tensor& host, int64_t k, const at::Tensor& device) {
   Metrics::get().bytesToIpu(static_cast<int64_t>(nbytes));
 }
 
-// One lane of execution: a program and the device tensors it reads its
+// One lane of execution: a micro-step and the device tensors it reads its
 // inputs from and writes its outputs to.
 struct Lane {
-  const Program* program;
+  std::function<void(uint64_t seed_salt)> run;
   std::vector<at::Tensor> inputs;
   std::vector<at::Tensor> outputs;
 };
@@ -129,25 +130,26 @@ std::pair<std::unique_ptr<Program>, Lane> twinLane(const Program& micro_step,
   for (const at::Tensor& t : inputs) lane.inputs.push_back(fresh(t));
   for (const at::Tensor& t : outputs) lane.outputs.push_back(fresh(t));
   std::unique_ptr<Program> twin = micro_step.twin(replace);
-  lane.program = twin.get();
+  lane.run = [program = twin.get()](uint64_t seed_salt) { program->run(seed_salt); };
   return {std::move(twin), std::move(lane)};
 }
 
 // Inference micro-batches are independent: with two lanes, one per core,
 // they run two at a time. Only when the program writes nothing the lanes
-// share, draws no default-generator randoms, and outputs are not summed.
-bool lanesApply(const Program& micro_step, const Program* update,
+// share, draws no default-generator randoms, is not specialised on values read
+// while capturing, and outputs are not summed.
+bool lanesApply(const Program* micro_step, const Program* update,
                 const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                 const StepShape& shape) {
-  if (update != nullptr || shape.output_mode == OutputMode::kSum ||
-      micro_step.usesDefaultGenerator() ||
+  if (micro_step == nullptr || update != nullptr || shape.output_mode == OutputMode::kSum ||
+      micro_step->usesDefaultGenerator() ||
       shape.iterations * shape.accumulation * shape.replicas < 2) {
     return false;
   }
   std::vector<c10::Storage> own;
   for (const at::Tensor& t : inputs) own.push_back(t.storage());
   for (const at::Tensor& t : outputs) own.push_back(t.storage());
-  return micro_step.writesOnly(own);
+  return micro_step->writesOnly(own);
 }
 
 // Runs micro-batches first, first + stride, ... of `count` on `lane`, and
@@ -158,7 +160,7 @@ void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
              int64_t per_iteration = 1) {
   for (int64_t k = first; k < count; k += stride) {
     for (size_t j = 0; j < lane.inputs.size(); ++j) copyRows(host_inputs[j], k, lane.inputs[j]);
-    lane.program->run(seed + static_cast<uint64_t>(k) + 1);
+    lane.run(seed + static_cast<uint64_t>(k) + 1);
     const int64_t slot = slots.slotOf(k);
     if (slot >= 0) {
       for (size_t o = 0; o < outputs.size(); ++o) {
@@ -194,7 +196,7 @@ void runInTwoLanes(const Lane& first, const Lane& second, int64_t count,
 
 }  // namespace
 
-std::vector<at::Tensor> runSteps(const Program& micro_step, const Program* update,
+std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update,
                                  const std::vector<at::Tensor>& device_inputs,
                                  const std::vector<at::Tensor>& host_inputs,
                                  const std::vector<at::Tensor>& device_outputs,
@@ -209,9 +211,11 @@ std::vector<at::Tensor> runSteps(const Program& micro_step, const Program* updat
 
   const int64_t per_iteration = shape.accumulation * shape.replicas;
   const int64_t count = shape.iterations * per_iteration;
-  const Lane lane{&micro_step, device_inputs, device_outputs};
-  if (lanesApply(micro_step, update, device_inputs, device_outputs, shape)) {
-    auto [twin, second] = twinLane(micro_step, device_inputs, device_outputs);
+  const Lane lane{[&micro_step](uint64_t seed_salt) { micro_step.run(seed_salt); }, device_inputs,
+                  device_outputs};
+  const Program* unguarded = micro_step.unguarded();
+  if (lanesApply(unguarded, update, device_inputs, device_outputs, shape)) {
+    auto [twin, second] = twinLane(*unguarded, device_inputs, device_outputs);
     runInTwoLanes(lane, second, count, host_inputs, slots, outputs, seed);
   } else {
     runLane(lane, 0, 1, count, host_inputs, slots, outputs, seed, update, per_iteration);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/program.h"
+#include "runtime/step_variants.h"
 
 namespace poptorch::runtime {
 
@@ -25,8 +26,9 @@ struct StepShape {
 // is rows [k*b, (k+1)*b) of every host input, b being the device input's first
 // dimension. After each run of `micro_step` the device outputs are gathered
 // per the output mode into host tensors, which are returned. `update` (may be
-// null) runs after each iteration's micro-batches.
-std::vector<at::Tensor> runSteps(const Program& micro_step, const Program* update,
+// null) runs after each iteration's micro-batches. A micro-step whose guards
+// fail is captured again (see StepVariants) and the loop goes on.
+std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update,
                                  const std::vector<at::Tensor>& device_inputs,
                                  const std::vector<at::Tensor>& host_inputs,
                                  const std::vector<at::Tensor>& device_outputs,

@@ -40,6 +40,20 @@ TEST(MemoryPlan, TemporariesAliveTogetherDoNotShareBytes) {
   EXPECT_EQ(exe->peak_temporary_bytes, std::vector<int64_t>{512});
 }
 
+TEST(Compiler, GuardedWritesAreTheExternalWritesBeforeTheLastGuard) {
+  GraphBuilder b;
+  const auto stats = b.buffer(4, true, true);
+  const auto param = b.buffer(4, true, true);
+  const auto grad = b.buffer(4, true, true);
+  const auto checked = b.buffer(4);
+  b.addInPlace(b.vec(stats), b.vec(grad), 0.1);
+  b.square(grad, checked).guard = ir::Guard::kShape;
+  b.addInPlace(b.vec(param), b.vec(grad), -0.1);  // after the guard: never undone
+  const auto exe = compiler::compile(b.graph, 1);
+  EXPECT_TRUE(exe->has_guards);
+  EXPECT_EQ(exe->guarded_writes, std::vector<ir::BufferId>{stats});
+}
+
 TEST(MemoryPlan, AlignsEveryTemporary) {
   GraphBuilder b;
   const auto x = b.buffer(3, true);

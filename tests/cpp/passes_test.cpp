@@ -51,6 +51,14 @@ TEST(DeadCode, KeepsInPlaceWritesToLiveBuffersAndDropsOnesToDeadBuffers) {
   EXPECT_EQ(out.nodes[0].writes, std::vector<ir::BufferId>{param});
 }
 
+TEST(DeadCode, KeepsGuardsWhoseResultsNobodyReads) {
+  GraphBuilder b;
+  const auto x = b.buffer(4, true, true);
+  const auto unread = b.buffer(4);
+  b.square(x, unread).guard = ir::Guard::kShape;
+  EXPECT_EQ(passes::eliminateDeadCode(b.graph).nodes.size(), 1u);
+}
+
 TEST(CommonSubexpressions, MergesRepeatedPureNodes) {
   GraphBuilder b;
   const auto x = b.buffer(4, true, true);

@@ -1,0 +1,49 @@
+#include "runtime/step_variants.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "common/logging.h"
+#include "common/metrics.h"
+
+namespace poptorch::runtime {
+
+StepVariants::StepVariants(std::shared_ptr<Program> first, Capture capture)
+    : capture_(std::move(capture)) {
+  variants_.push_back(std::move(first));
+}
+
+const Program* StepVariants::unguarded() const {
+  return variants_.size() == 1 && !variants_[0]->hasGuards() ? variants_[0].get() : nullptr;
+}
+
+void StepVariants::run(uint64_t seed_salt) {
+  std::optional<GuardFailure> failure;
+  for (size_t i = 0; i < variants_.size(); ++i) {
+    try {
+      variants_[i]->run(seed_salt);
+      // Data tends to repeat: the variant that applied is tried first next time.
+      std::rotate(variants_.begin(), variants_.begin() + static_cast<std::ptrdiff_t>(i),
+                  variants_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      return;
+    } catch (const GuardFailure& f) {
+      Metrics::get().guardFailed();
+      failure = f;
+    }
+  }
+  POPTORCH_LOG(kInfo) << "capturing the step again: " << failure->what() << " (read at "
+                      << failure->site << ")";
+  std::shared_ptr<Program> fresh = capture_(*failure);
+  try {
+    fresh->run(seed_salt);
+  } catch (const GuardFailure& f) {
+    TORCH_CHECK(false, "the step read a value on the host at ", f.site,
+                " that changed between capturing the step and running it on the same data (",
+                f.what(),
+                "): it depends on something other than the inputs and weights, "
+                "such as random numbers. Move that read out of the model.");
+  }
+  variants_.insert(variants_.begin(), std::move(fresh));
+}
+
+}  // namespace poptorch::runtime

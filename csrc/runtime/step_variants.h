@@ -1,0 +1,37 @@
+// The micro-step of a trainingModel/inferenceModel as one program per set of
+// values the host read while it was captured (`.item()`, `.cpu()`, an op whose
+// output shape depends on the data). Each program is specialised on the values
+// it saw and guarded; like torch.compile's guards, a run takes the first
+// variant whose guards hold and, when none does, captures another one.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "runtime/guard_failure.h"
+#include "runtime/program.h"
+
+namespace poptorch::runtime {
+
+class StepVariants {
+ public:
+  // Captures the step again for the data now in the device inputs, after
+  // `failure`; may throw (e.g. when the values change too often).
+  using Capture = std::function<std::shared_ptr<Program>(const GuardFailure& failure)>;
+
+  StepVariants(std::shared_ptr<Program> first, Capture capture);
+
+  // Runs one micro-step (see Program::run for `seed_salt`).
+  void run(uint64_t seed_salt);
+
+  // The only program, when the step read nothing on the host.
+  const Program* unguarded() const;
+  size_t size() const { return variants_.size(); }
+
+ private:
+  std::vector<std::shared_ptr<Program>> variants_;  // most recently run first
+  Capture capture_;
+};
+
+}  // namespace poptorch::runtime

@@ -1,0 +1,173 @@
+"""Capturing the step of a ``trainingModel`` / ``inferenceModel``.
+
+One micro-batch's step — forward, loss, backward into gradient accumulators
+(or straight into the optimiser update) — is captured on the ipu device as one
+program, and the update from the accumulators as another. The runtime replays
+them for every micro-batch without running Python.
+
+A value the model reads on the host while it is captured (``.item()``,
+``.cpu()``, ``if tensor:``, an op whose output shape depends on the data) is
+computed on the side and the program is *specialised* on it: a guard checks on
+every replay that the value recurs. When it does not, the step is captured
+again for that micro-batch, as ``torch.compile`` recompiles on a failed guard,
+and kept as another variant; the values seen most often cost nothing after
+their first capture. A value that keeps changing (a loss read with ``.item()``
+inside ``forward``) is an error that names the line, after
+``POPTORCH_MAX_STEP_VARIANTS`` (8) variants.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Any, Dict, Iterator, List, Optional
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import _C
+from ._device_optimizer import DeviceOptimizer
+from ._device_state import DeviceState
+from ._errors import Error
+from ._logging import logger
+from ._losses import LossRecorder, RunningOnIpu
+
+_DEFAULT_MAX_VARIANTS = 8
+
+# The pending graph is the process's: one step is captured at a time.
+_CAPTURE_LOCK = threading.RLock()
+
+
+def max_step_variants() -> int:
+    value = os.environ.get("POPTORCH_MAX_STEP_VARIANTS", "")
+    return int(value) if value.strip() else _DEFAULT_MAX_VARIANTS
+
+
+@contextlib.contextmanager
+def _whole_step_capture() -> Iterator[None]:
+    """Ops are captured into one program; nothing runs until it is replayed."""
+    with _CAPTURE_LOCK:
+        _C.set_whole_step_capture(True)
+        try:
+            yield
+        except BaseException:
+            _C.discard_pending_graph()  # half a step must never run
+            raise
+        finally:
+            _C.set_whole_step_capture(False)
+
+
+@contextlib.contextmanager
+def _mode(model: torch.nn.Module, training: bool) -> Iterator[None]:
+    """The model in train or eval mode for the capture, then as it was."""
+    modes = {m: m.training for m in model.modules()}
+    model.train(training)
+    try:
+        yield
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+
+
+class StepCapture:
+    """What a captured step reads and writes on the device, kept across the
+    captures of its variants so that every variant uses the same tensors."""
+
+    def __init__(self, model: torch.nn.Module, state: DeviceState, training: bool,
+                 optimizer: Optional[DeviceOptimizer], accumulate: bool,
+                 device_inputs: List[torch.Tensor], device_leaves: List[Any], spec: Any) -> None:
+        self.model = model
+        self.training = training
+        self.optimizer = optimizer
+        self.device_inputs = device_inputs
+        self._state = state
+        self._device_leaves = device_leaves
+        self._spec = spec
+        self.trainable = state.parameters(model) if training else []
+        for p in self.trainable:
+            p.requires_grad_(True)
+        self.accumulators: Dict[int, torch.Tensor] = (
+            {id(p): torch.zeros_like(p) for p in self.trainable} if accumulate else {})
+        _C.synchronize()  # the zeros exist before the step: it must not zero them again
+        # Set by the first capture: what the model returns, with its device
+        # tensors; later variants write their results into the same tensors.
+        self.out_leaves: List[Any] = []
+        self.out_spec: Any = None
+        self.device_outputs: List[torch.Tensor] = []
+        self.variants = 0
+
+    def micro_step(self) -> Any:
+        """Captures one micro-batch's step from the data in the device inputs;
+        returns its program."""
+        args, kwargs = pytree.tree_unflatten(self._device_leaves, self._spec)
+        recorder = LossRecorder(self.model)
+        with _whole_step_capture(), _mode(self.model, self.training), recorder, RunningOnIpu():
+            with torch.enable_grad() if self.training else torch.no_grad():
+                outputs = torch.func.functional_call(self.model, self._state.tensors,
+                                                     tuple(args), kwargs, strict=False)
+            if self.training:
+                self._backward(recorder.loss(outputs))
+            self._bind_outputs(outputs)
+            del outputs
+            program = _C.prepare_program()
+        self.variants += 1
+        return program
+
+    def update(self, scale: float) -> Any:
+        """Captures the optimiser update from the accumulators; returns its program."""
+        with _whole_step_capture():
+            self.optimizer.capture_update(self.accumulators, scale, accumulated=True)
+            return _C.prepare_program()
+
+    def recapture(self, site: str, reason: str) -> Any:
+        """Called by the runtime when no variant's guards hold for a micro-batch."""
+        limit = max_step_variants()
+        if self.variants >= limit:
+            raise Error(
+                f"the model reads a value on the host at {site}, and it changes from call to "
+                f"call ({reason}). The step was captured {self.variants} times, once for each "
+                f"value read, which is the limit (POPTORCH_MAX_STEP_VARIANTS={limit}). PopTorch "
+                "compiles a static graph: compute that value outside the model and pass it as "
+                "an input, or keep it on the device (e.g. torch.where instead of a Python `if` "
+                "or a boolean mask).", location=site)
+        logger.info("capturing the step again (variant %d): %s, read at %s",
+                    self.variants + 1, reason, site)
+        return self.micro_step()
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        if loss.dim() != 0:
+            loss = loss.sum()
+        grads = torch.autograd.grad(loss * self.optimizer.grad_scale, self.trainable,
+                                    allow_unused=True)
+        if all(g is None for g in grads):
+            raise Error("the loss does not depend on any trainable parameter")
+        gradients = {id(p): g for p, g in zip(self.trainable, grads) if g is not None}
+        if self.accumulators:
+            with torch.no_grad():
+                for key, g in gradients.items():
+                    self.accumulators[key].add_(g.to(self.accumulators[key].dtype))
+        else:
+            self.optimizer.capture_update(gradients, 1.0, accumulated=False)
+
+    def _bind_outputs(self, outputs: Any) -> None:
+        leaves, spec = pytree.tree_flatten(outputs)
+        leaves = [o.detach() if isinstance(o, torch.Tensor) else o for o in leaves]
+        tensors = [o for o in leaves if isinstance(o, torch.Tensor)]
+        for o in tensors:
+            if o.device.type != "ipu":
+                raise Error(f"the model returned a tensor on {o.device}: outputs must be "
+                            f"computed from the inputs and weights")
+        if self.variants == 0:
+            self.out_leaves, self.out_spec, self.device_outputs = leaves, spec, tensors
+            return
+        if spec != self.out_spec or [(o.shape, o.dtype) for o in tensors] != [
+                (o.shape, o.dtype) for o in self.device_outputs] or [
+                o for o in leaves if not isinstance(o, torch.Tensor)] != [
+                o for o in self.out_leaves if not isinstance(o, torch.Tensor)]:
+            raise Error("the model returns outputs of another structure, shape or value for "
+                        "this batch than when it was first captured, after reading a value on "
+                        "the host: PopTorch compiles a static graph, so outputs must keep "
+                        "their structure and shapes")
+        with torch.no_grad():
+            for kept, new in zip(self.device_outputs, tensors):
+                kept.copy_(new)
