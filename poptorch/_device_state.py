@@ -23,6 +23,13 @@ def _aliases(host: torch.Tensor, device: torch.Tensor) -> bool:
     return host.data_ptr() == device.data_ptr() and host.shape == device.shape
 
 
+def _alias(host: torch.Tensor, device: torch.Tensor) -> None:
+    """Makes ``host`` read and write the device copy's bytes: through a CPU
+    view of them for a host tensor, or as the device tensor itself for a
+    tensor already on an ipu (``model.to("ipu")``), which stays on the ipu."""
+    host.data = device if host.is_ipu else _C.host_alias(device)
+
+
 def _host_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
     """Parameters and buffers by name; a tensor tied under two names appears twice."""
     state: Dict[str, torch.Tensor] = {}
@@ -53,7 +60,7 @@ class DeviceState:
                 device = host.detach().to(self.device)
                 _C.synchronize()
                 _DEVICE_COPIES[host] = device
-                host.data = _C.host_alias(device)
+                _alias(host, device)
             _USERS.setdefault(host, set()).add(self.owner)
             self.tensors[name] = device
 
@@ -65,7 +72,8 @@ class DeviceState:
             users = _USERS.get(host, set())
             users.discard(self.owner)
             if not users and host in _DEVICE_COPIES:
-                host.data = host.data.clone()
+                if not host.is_ipu:  # an ipu host tensor owns its memory already
+                    host.data = host.data.clone()
                 del _DEVICE_COPIES[host]
         self.tensors = {}
 
@@ -78,7 +86,7 @@ class DeviceState:
                 with torch.no_grad():
                     device.copy_(host.detach())
                 _C.synchronize()
-                host.data = _C.host_alias(device)
+                _alias(host, device)
 
     def copy_to_host(self) -> None:
         _C.synchronize()

@@ -231,6 +231,26 @@ at::Tensor scaledDotProductAttention(const at::Tensor& query, const at::Tensor& 
                                                   is_causal, scale, enable_gqa);
 }
 
+// `module.to(device)` keeps its Parameter objects (so tied weights stay tied
+// and an optimiser made before the move keeps training the model) only when
+// this says `param.data = moved` may swap the TensorImpl's contents; PyTorch's
+// answer lists its dense in-tree devices but not the IPU, so modules moved to or
+// from the ipu got new Parameters. An ipu tensor is a plain strided TensorImpl,
+// so dense tensors of the CPU (or another dense device) and the ipu are as
+// compatible as the CPU's and CUDA's are.
+bool hasCompatibleShallowCopyType(const at::Tensor& self, const at::Tensor& from) {
+  const auto is_dense = [](c10::DispatchKeySet keys) {
+    constexpr auto kDenseBackends =
+        c10::DispatchKeySet({c10::BackendComponent::CPUBit, c10::BackendComponent::CUDABit,
+                             c10::BackendComponent::MPSBit, c10::BackendComponent::HIPBit,
+                             c10::BackendComponent::XPUBit, c10::BackendComponent::HPUBit,
+                             c10::BackendComponent::MTIABit, c10::BackendComponent::IPUBit});
+    return keys.has(c10::DispatchKey::Dense) && keys.has_any(kDenseBackends);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (is_dense(self.key_set()) && is_dense(from.key_set()));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, IPU, m) {
@@ -249,6 +269,7 @@ TORCH_LIBRARY_IMPL(aten, IPU, m) {
   m.impl("_local_scalar_dense", TORCH_FN(localScalarDense));
   m.impl("_fused_sdp_choice", TORCH_FN(fusedSdpChoice));
   m.impl("scaled_dot_product_attention", TORCH_FN(scaledDotProductAttention));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(hasCompatibleShallowCopyType));
 }
 
 // Ops with a host (CPU) kernel and also a generic math kernel for other
@@ -298,6 +319,7 @@ TORCH_LIBRARY_IMPL(_, IPU, m) {
 // (and on the backend key too, for inference mode, which skips autograd).
 TORCH_LIBRARY_IMPL(aten, AutogradIPU, m) {
   m.impl("scaled_dot_product_attention", TORCH_FN(scaledDotProductAttention));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(hasCompatibleShallowCopyType));
 }
 
 // Core registers no autograd fallback for AutogradIPU: operators without an
