@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from typing import Any, Dict, Iterator, List, Optional
 
 import torch
@@ -34,8 +33,6 @@ from ._losses import LossRecorder, RunningOnIpu
 
 _DEFAULT_MAX_VARIANTS = 8
 
-# The pending graph is the process's: one step is captured at a time.
-_CAPTURE_LOCK = threading.RLock()
 
 
 def max_step_variants() -> int:
@@ -45,16 +42,13 @@ def max_step_variants() -> int:
 
 @contextlib.contextmanager
 def _whole_step_capture() -> Iterator[None]:
-    """Ops are captured into one program; nothing runs until it is replayed."""
-    with _CAPTURE_LOCK:
-        _C.set_whole_step_capture(True)
-        try:
-            yield
-        except BaseException:
-            _C.discard_pending_graph()  # half a step must never run
-            raise
-        finally:
-            _C.set_whole_step_capture(False)
+    """This thread's ops are captured into one program; nothing runs until it
+    is replayed, and half a step is never run: an error discards it."""
+    _C.begin_step_capture()
+    try:
+        yield
+    finally:
+        _C.end_step_capture()
 
 
 @contextlib.contextmanager

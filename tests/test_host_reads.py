@@ -199,3 +199,29 @@ def test_float64_inputs_are_demoted_to_float32_once_with_a_warning():
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, model(x.float()))
     assert sum("64-bit" in m for m in records.messages) == 1
+
+
+def test_lazy_ops_of_another_thread_stay_out_of_a_step_being_captured():
+    stop = threading.Event()
+    errors = []
+
+    def lazy_worker() -> None:
+        x = torch.arange(6.0)
+        while not stop.is_set():
+            try:
+                torch.testing.assert_close((x.to("ipu") * 3 + 1).cpu(), x * 3 + 1)
+            except Exception as error:  # reported below, in the test's thread
+                errors.append(error)
+                return
+
+    worker = threading.Thread(target=lazy_worker)
+    worker.start()
+    try:
+        for seed in range(3):
+            model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.ReLU())
+            x = torch.randn(2, 6, generator=torch.Generator().manual_seed(seed))
+            torch.testing.assert_close(poptorch.inferenceModel(model)(x), model(x))
+    finally:
+        stop.set()
+        worker.join()
+    assert not errors, errors[0]

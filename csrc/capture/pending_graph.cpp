@@ -34,16 +34,30 @@ c10::Storage scratchStorage(int64_t nbytes, c10::Device device, const c10::Stora
   return bytes.storage();
 }
 
+// The step this thread captures whole, if any.
+thread_local std::unique_ptr<PendingGraph> step_graph;
+
 }  // namespace
 
 PendingGraph& PendingGraph::get() {
-  static PendingGraph pending;
+  if (step_graph) return *step_graph;
+  static PendingGraph pending(/*whole_step=*/false);
   return pending;
 }
 
-PendingGraph::PendingGraph()
+void PendingGraph::beginStepCapture() {
+  TORCH_CHECK(!step_graph, "a step is already being captured on this thread");
+  step_graph.reset(new PendingGraph(/*whole_step=*/true));
+}
+
+void PendingGraph::endStepCapture() { step_graph.reset(); }
+
+bool PendingGraph::capturingStep() { return step_graph != nullptr; }
+
+PendingGraph::PendingGraph(bool whole_step)
     : max_nodes_(integerFromEnvironment("POPTORCH_MAX_GRAPH_NODES", 20000, 1)),
-      stream_nodes_(integerFromEnvironment("POPTORCH_STREAM_NODES", 0, 0)) {}
+      stream_nodes_(integerFromEnvironment("POPTORCH_STREAM_NODES", 0, 0)),
+      whole_step_capture_(whole_step) {}
 
 ir::BufferId PendingGraph::addBuffer(const at::Tensor& tensor, bool existed_before) {
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();

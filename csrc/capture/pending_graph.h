@@ -1,12 +1,13 @@
 // The ops captured since the last sync point, over the ipu storages they touch.
 // One per process, like a device queue: any thread may capture, so every
-// method expects the caller to hold lock().
+// method expects the caller to hold lock(). A thread that captures a step whole
+// (trainingModel/inferenceModel) has a graph of its own meanwhile, so that ops
+// of other threads never enter the step.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <absl/container/flat_hash_map.h>
 
-#include <atomic>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -19,7 +20,17 @@ namespace poptorch::capture {
 
 class PendingGraph {
  public:
+  // This thread's graph: the step it captures whole, or the process's.
   static PendingGraph& get();
+
+  // This thread captures a step whole until endStepCapture(), which
+  // discards what is left of it: the step must not run in pieces, so what the
+  // host reads is evaluated and guarded instead (see capture/step_capture.h),
+  // and a flush does nothing.
+  static void beginStepCapture();
+  static void endStepCapture();
+  static bool capturingStep();
+
   std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
 
   // The view `tensor` (an ipu tensor) is of its buffer; registers the buffer
@@ -52,17 +63,11 @@ class PendingGraph {
   // Forgets every pending node (a capture that failed half-way).
   void discard();
 
-  // While a whole step is captured for trainingModel/inferenceModel, the graph
-  // must not run in pieces: what the host reads is evaluated and guarded
-  // instead (see capture/step_capture.h), and a flush does nothing.
-  void setWholeStepCapture(bool on) { whole_step_capture_ = on; }
-  bool wholeStepCapture() const { return whole_step_capture_; }
-
   size_t size() const { return graph_.nodes.size(); }
   std::string toString() const { return graph_.toString(); }
 
  private:
-  PendingGraph();
+  explicit PendingGraph(bool whole_step);
 
   // Strong references keep inputs' bytes alive until the graph runs; weak ones
   // let the graph see which of its own results nobody holds any more.
@@ -84,7 +89,7 @@ class PendingGraph {
 
   size_t max_nodes_;
   size_t stream_nodes_;
-  std::atomic<bool> whole_step_capture_{false};
+  const bool whole_step_capture_;
 };
 
 }  // namespace poptorch::capture

@@ -46,7 +46,7 @@ const c10::OperatorHandle& guardEqualOp() {
 
 }  // namespace
 
-bool capturingStep() { return PendingGraph::get().wholeStepCapture(); }
+bool capturingStep() { return PendingGraph::capturingStep(); }
 
 at::Tensor readForHost(const at::Tensor& tensor) {
   PendingGraph& pending = PendingGraph::get();

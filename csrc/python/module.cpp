@@ -164,10 +164,10 @@ PYBIND11_MODULE(_C, m) {
     auto lock = capture::PendingGraph::get().lock();
     capture::PendingGraph::get().discard();
   });
-  m.def("set_whole_step_capture", [](bool on) {
-    auto lock = capture::PendingGraph::get().lock();
-    capture::PendingGraph::get().setWholeStepCapture(on);
-  });
+  m.def("begin_step_capture", &capture::PendingGraph::beginStepCapture,
+        "Ops of this thread are captured into a step of their own, run as a whole.");
+  m.def("end_step_capture", &capture::PendingGraph::endStepCapture,
+        "Ends the step capture of this thread, discarding what was not prepared.");
   m.def("prepare_program", &prepareProgram,
         "Takes the pending graph as a Program without running it (None if empty).");
   py::class_<runtime::StepVariants, std::shared_ptr<runtime::StepVariants>>(
