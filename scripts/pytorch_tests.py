@@ -4,8 +4,8 @@
 
 DIR holds PyTorch's test files (every DIR/test_*.py when none is named; see
 docs/testing.md for how to get them). Each file runs in its own pytest process,
-with the ipu's test base (TORCH_TEST_DEVICES) and `-k ipu`, under a time limit
-(--timeout seconds); its verbose log goes to DIR/logs/FILE.log. Then the tests
+with the ipu's test base (TORCH_TEST_DEVICES) and `-k ipu` (narrowed by
+--select), under a time limit (--timeout seconds); its verbose log goes to DIR/logs/FILE.log. Then the tests
 that failed on the ipu run again on the CPU: one that fails there too does not
 match the installed torch (the file comes from another PyTorch version), and is
 counted apart. A table of pass rates is printed, and written to DIR/logs/summary.md.
@@ -20,6 +20,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Tuple
+
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.MULTILINE)
@@ -48,16 +50,31 @@ def outcomes(log: Path) -> Dict[str, str]:
     return {m.group(1): m.group(2) for m in OUTCOME.finditer(log.read_text(errors="replace"))}
 
 
+def _is_dtype_suffix(suffix: str) -> bool:
+    """True for "", "_float32", "_float32_int64"...: the dtypes PyTorch appends to a name."""
+    return all(isinstance(getattr(torch, token, None), torch.dtype)
+               for token in suffix.split("_")[1:])
+
+
 def cpu_twin(test_id: str) -> str:
-    """TestFooIPU::test_bar_ipu_float32 -> TestFooCPU::test_bar_cpu_float32."""
+    """TestFooIPU::test_bar_ipu_float32 -> TestFooCPU::test_bar_cpu_float32.
+
+    PyTorch names an instantiated test name + "_ipu" + dtype suffixes; only that
+    device suffix changes (a test may have "_ipu" in its own name)."""
     path, cls, name = test_id.split("::")
-    return "::".join([path, re.sub(r"IPU$", "CPU", cls), re.sub(r"_ipu(?=_|$)", "_cpu", name)])
+    at = name.rfind("_ipu")
+    while at >= 0 and not _is_dtype_suffix(name[at + len("_ipu"):]):
+        at = name.rfind("_ipu", 0, at)
+    if at >= 0:
+        name = name[:at] + "_cpu" + name[at + len("_ipu"):]
+    return "::".join([path, re.sub(r"IPU$", "CPU", cls), name])
 
 
-def measure(directory: Path, name: str, timeout: int) -> Tuple[Counter, bool]:
+def measure(directory: Path, name: str, timeout: int, select: str) -> Tuple[Counter, bool]:
     logs = directory / "logs"
     log = logs / f"{name}.log"
-    finished = run_pytest(directory, [name, "-k", "ipu"], log, timeout)
+    keyword = f"ipu and ({select})" if select else "ipu"
+    finished = run_pytest(directory, [name, "-k", keyword], log, timeout)
     results = outcomes(log)
     failed = [t for t, r in results.items() if r in ("FAILED", "ERROR", "XPASS")]
     counts = Counter({"PASSED": 0, "FAILED": 0, "SKIPPED": 0, "CPU_TOO": 0})
@@ -86,6 +103,9 @@ def main() -> None:
     parser.add_argument("directory", type=Path)
     parser.add_argument("files", nargs="*")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per file")
+    parser.add_argument("--select", default="",
+                        help="a pytest -k expression that narrows each file's ipu tests "
+                             "(e.g. 'not _refs' for the OpInfo-heavy files)")
     args = parser.parse_args()
     directory = args.directory.resolve()
     files = args.files or sorted(p.name for p in directory.glob("test_*.py"))
@@ -93,7 +113,7 @@ def main() -> None:
     rows = ["| file | passed | failed | skipped | fail on the CPU too | pass rate |",
             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name in files:
-        counts, finished = measure(directory, name, args.timeout)
+        counts, finished = measure(directory, name, args.timeout, args.select)
         ran = counts["PASSED"] + counts["FAILED"]
         rate = f"{100.0 * counts['PASSED'] / ran:.1f}%" if ran else "-"
         label = name if finished else f"{name} (time limit: partial)"

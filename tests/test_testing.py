@@ -179,3 +179,15 @@ def test_the_plugin_option_limits_the_devices(suite):
     bad = pytester.runpytest_subprocess("-p", "poptorch.testing.pytest_plugin",
                                         "--poptorch-devices=gpu")
     assert "unknown device(s) ['gpu']" in bad.stderr.str()
+
+
+def test_the_pass_rate_script_reruns_an_ipu_test_as_its_cpu_twin():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("pytorch_tests",
+                                                  ROOT / "scripts" / "pytorch_tests.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert (script.cpu_twin("test_x.py::TestFooIPU::test_bar_ipu_float32")
+            == "test_x.py::TestFooCPU::test_bar_cpu_float32")
+    assert script.cpu_twin("t.py::NumpyTestsIPU::test_ipu_like_ipu") == \
+        "t.py::NumpyTestsCPU::test_ipu_like_cpu"
