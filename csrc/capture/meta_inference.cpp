@@ -5,6 +5,7 @@
 #include <absl/hash/hash.h>
 #include <c10/core/TensorImpl.h>
 
+#include <atomic>
 #include <bit>
 #include <functional>
 
@@ -155,6 +156,8 @@ bool isViewOp(const c10::FunctionSchema& schema) {
   return true;
 }
 
+std::atomic<MustPropagate> must_propagate{nullptr};
+
 std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
                                         c10::ArrayRef<c10::IValue> arguments, bool* cacheable) {
   MetaTwins twins;
@@ -167,8 +170,10 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
   } catch (const std::exception& error) {
     // A view op's Meta kernel checks what its CPU kernel checks (metadata
     // only), and the host cannot run a view of ipu storage: its error is the
-    // user's. Meta kernels written in Python raise Python errors, not c10::Errors.
-    if (isViewOp(op.schema())) throw;
+    // user's. Meta kernels written in Python raise Python errors, not
+    // c10::Errors; those that are no answer about shapes reach the user too.
+    const MustPropagate filter = must_propagate.load();
+    if (isViewOp(op.schema()) || (filter != nullptr && filter(error))) throw;
     POPTORCH_LOG(kTrace) << op.operator_name() << ": Meta inference failed: " << error.what();
     return std::nullopt;
   }
@@ -230,6 +235,8 @@ std::optional<MetaResult> inferMeta(const c10::OperatorHandle& op,
   }
   return result;
 }
+
+void setMetaErrorFilter(MustPropagate filter) { must_propagate = filter; }
 
 std::vector<c10::Storage> argumentStorages(c10::ArrayRef<c10::IValue> arguments) {
   StorageNumbering numbering;

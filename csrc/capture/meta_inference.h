@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/SmallVector.h>
 
+#include <exception>
 #include <optional>
 #include <vector>
 
@@ -37,9 +38,16 @@ struct MetaResult {
 Layout layoutOf(const at::Tensor& t, int32_t storage = -1);
 
 // The results `op` would give for `arguments`, or nullopt when its Meta
-// kernel cannot tell (it raised, e.g. for a data-dependent shape).
+// kernel cannot tell (it raised, e.g. for a data-dependent shape). Errors that
+// are no answer about shapes (a KeyboardInterrupt) propagate.
 std::optional<MetaResult> inferMeta(const c10::OperatorHandle& op,
                                     c10::ArrayRef<c10::IValue> arguments);
+
+// Whether an error a Meta kernel raised must reach the caller instead of
+// sending the op to the host. The Python bindings install one that says so for
+// KeyboardInterrupt, SystemExit and MemoryError; without it, none must.
+using MustPropagate = bool (*)(const std::exception& error);
+void setMetaErrorFilter(MustPropagate must_propagate);
 
 // The distinct ipu storages among `arguments`, in order of first appearance.
 std::vector<c10::Storage> argumentStorages(c10::ArrayRef<c10::IValue> arguments);

@@ -2,6 +2,7 @@
 // ipu device (allocator, guard, dispatcher kernels) with PyTorch.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "capture/capture.h"
@@ -117,6 +118,30 @@ runtime::StepVariants makeStepVariants(std::shared_ptr<runtime::Program> first,
   });
 }
 
+// A Meta kernel written in Python that raised KeyboardInterrupt, SystemExit
+// (not Exceptions) or MemoryError gave no answer about shapes: the error goes
+// to the user rather than the op to the host. Python kernels raise either
+// pybind11's error_already_set or torch's python_error, which may leave the
+// error set in the interpreter: cleared when the op goes to the host instead.
+bool metaErrorMustPropagate(const std::exception& error) {
+  auto no_answer = [](PyObject* type) {
+    return type != nullptr && (!PyErr_GivenExceptionMatches(type, PyExc_Exception) ||
+                               PyErr_GivenExceptionMatches(type, PyExc_MemoryError));
+  };
+  if (const auto* pybind = dynamic_cast<const py::error_already_set*>(&error)) {
+    py::gil_scoped_acquire gil;
+    return no_answer(pybind->type().ptr());
+  }
+  if (const auto* torch_error = dynamic_cast<const python_error*>(&error)) {
+    py::gil_scoped_acquire gil;
+    PyObject* type = torch_error->type != nullptr ? torch_error->type : PyErr_Occurred();
+    const bool propagate = no_answer(type);
+    if (!propagate && torch_error->type == nullptr) PyErr_Clear();
+    return propagate;
+  }
+  return false;
+}
+
 size_t pendingNodes() {
   auto lock = capture::PendingGraph::get().lock();
   return capture::PendingGraph::get().size();
@@ -128,6 +153,7 @@ size_t pendingNodes() {
 PYBIND11_MODULE(_C, m) {
   using namespace poptorch;
   m.doc() = "The C++ core of poptorch: the ipu device, lazy capture, compiler and runtime.";
+  capture::setMetaErrorFilter(&metaErrorMustPropagate);
   m.def("synchronize", &capture::synchronize, py::call_guard<py::gil_scoped_release>(),
         "Runs every pending ipu operation.");
   m.def("metrics", &metricsDict);

@@ -1,6 +1,7 @@
 #include "runtime/worker.h"
 
 #include <omp.h>
+#include <pthread.h>
 
 namespace poptorch::runtime {
 
@@ -9,19 +10,42 @@ Worker& Worker::get() {
   return worker;
 }
 
+Worker::Worker() : fork_lock_(mutex_, std::defer_lock) {
+  pthread_atfork([] { get().beforeFork(); }, [] { get().afterForkInParent(); },
+                 [] { get().afterForkInChild(); });
+}
+
+void Worker::beforeFork() {
+  // The child gets a copy of memory, not of threads: programs queued or
+  // running now would never finish there, and their results are its data.
+  fork_lock_.lock();
+  threading_->idle.wait(fork_lock_, [this] { return queue_.empty() && !busy_; });
+}
+
+void Worker::afterForkInParent() { fork_lock_.unlock(); }
+
+void Worker::afterForkInChild() {
+  // The worker thread did not survive the fork: forget it (joining or
+  // destroying a thread that is not ours would abort) and its condition
+  // variables; another thread starts at the next submit.
+  static_cast<void>(threading_.release());
+  threading_ = std::make_unique<Threading>();
+  fork_lock_.unlock();
+}
+
 void Worker::submit(std::unique_ptr<Program> program) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  if (!threading_->thread.joinable()) threading_->thread = std::thread([this] { loop(); });
   for (const c10::Storage& s : program->storages()) {
     if (s) ++in_flight_[s.unsafeGetStorageImpl()];
   }
   queue_.push_back(std::move(program));
-  wake_.notify_one();
+  threading_->wake.notify_one();
 }
 
 void Worker::waitIdle() {
   std::unique_lock<std::mutex> lock(mutex_);
-  idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  threading_->idle.wait(lock, [this] { return queue_.empty() && !busy_; });
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
@@ -37,7 +61,7 @@ void Worker::loop() {
   omp_set_num_threads(1);
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
-    wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    threading_->wake.wait(lock, [this] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping
     std::unique_ptr<Program> program = std::move(queue_.front());
     queue_.pop_front();
@@ -59,7 +83,7 @@ void Worker::loop() {
     }
     program.reset();
     busy_ = false;
-    if (queue_.empty()) idle_.notify_all();
+    if (queue_.empty()) threading_->idle.notify_all();
   }
 }
 
@@ -67,9 +91,9 @@ Worker::~Worker() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
-    wake_.notify_one();
+    threading_->wake.notify_one();
   }
-  if (thread_.joinable()) thread_.join();
+  if (threading_->thread.joinable()) threading_->thread.join();
 }
 
 }  // namespace poptorch::runtime

@@ -1,5 +1,8 @@
 // The device queue: compiled programs run in order on one worker thread, so
 // that the host can capture the next ops while the emulated IPU computes.
+// Fork-safe: fork() waits until the queue is empty, and the child, which has
+// no worker thread, starts its own at its first submit (as PyTorch's thread
+// pools do).
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
@@ -33,18 +36,30 @@ class Worker {
   ~Worker();
 
  private:
-  Worker() = default;
+  Worker();
   void loop();
+  // pthread_atfork handlers.
+  void beforeFork();
+  void afterForkInParent();
+  void afterForkInChild();
+
+  // What fork() does not carry into a child: the thread, and the waits other
+  // threads had on the condition variables (signalling them there would hang).
+  // A child leaks the parent's and makes its own.
+  struct Threading {
+    std::condition_variable wake;  // the worker waits for programs
+    std::condition_variable idle;  // others wait for an empty queue
+    std::thread thread;            // started by the first submit
+  };
 
   std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable idle_;
+  std::unique_ptr<Threading> threading_ = std::make_unique<Threading>();
   std::deque<std::unique_ptr<Program>> queue_;
   absl::flat_hash_map<const c10::StorageImpl*, long> in_flight_;  // references held by the queue
   bool busy_ = false;
   bool stopping_ = false;
   std::exception_ptr error_;
-  std::thread thread_;  // started by the first submit
+  std::unique_lock<std::mutex> fork_lock_;  // held across fork()
 };
 
 }  // namespace poptorch::runtime
