@@ -86,6 +86,29 @@ def test_training_with_a_data_dependent_branch_matches_the_cpu(accumulation):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_a_branch_that_changes_between_device_iterations_matches_the_cpu():
+    torch.manual_seed(0)
+    model = BranchesOnTheData()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options().deviceIterations(3)
+    opts.outputMode(poptorch.OutputMode.All)
+    ipu = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for call in range(3):
+        batches = [_batch(3 * call + i) for i in range(3)]  # one of each three branches
+        outputs, losses = ipu(torch.cat([b[0] for b in batches]),
+                              torch.cat([b[1] for b in batches]))
+        for i, (x, y) in enumerate(batches):
+            optimizer.zero_grad()
+            out, ref_loss = reference(x, y)
+            ref_loss.backward()
+            optimizer.step()
+            torch.testing.assert_close(losses[i], ref_loss, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(outputs[4 * i:4 * i + 4], out, rtol=1e-5, atol=1e-6)
+    for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_data_seen_before_compiles_nothing():
     model = poptorch.inferenceModel(BranchesOnTheData().eval())
     batches = [_batch(0), _batch(1)]  # one takes each branch
