@@ -17,6 +17,7 @@ from . import optim
 from ._dataloader import AsynchronousDataAccessor, DataLoader, DataLoaderMode
 from ._errors import Error, RecoverableError, UnrecoverableError
 from ._executor import PoplarExecutor, inferenceModel, trainingModel
+from ._inputs import ICustomArgParser, registerCustomArgParser
 from ._logging import logger, setLogLevel
 from ._losses import identity_loss, isRunningOnIpu
 from .options import (HalfFloatCastingBehavior, Options, OutputMode, ReductionType,
@@ -72,9 +73,10 @@ def ipuHardwareVersion() -> str:
 
 
 __all__ = [
-    "AsynchronousDataAccessor", "DataLoader", "DataLoaderMode", "Error", "HalfFloatCastingBehavior", "Options", "OutputMode", "PoplarExecutor",
+    "AsynchronousDataAccessor", "DataLoader", "DataLoaderMode", "Error", "HalfFloatCastingBehavior",
+    "ICustomArgParser", "Options", "OutputMode", "PoplarExecutor",
     "RecoverableError", "ReductionType", "TensorLocationSettings", "UnrecoverableError",
     "identity_loss", "inferenceModel", "ipuHardwareIsAvailable", "ipuHardwareVersion",
-    "isRunningOnIpu", "logger", "metrics", "optim", "reset_metrics", "setLogLevel",
+    "isRunningOnIpu", "logger", "metrics", "registerCustomArgParser", "optim", "reset_metrics", "setLogLevel",
     "set_executable_cache_size", "synchronize", "trainingModel",
 ]

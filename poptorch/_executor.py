@@ -18,6 +18,7 @@ import torch.utils._pytree as pytree
 from tqdm import tqdm
 
 from . import _C
+from . import _inputs
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import Error
@@ -202,9 +203,12 @@ class PoplarExecutor:
     # --- compilation --------------------------------------------------------
 
     def _flatten(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[List[Any], Any]:
-        """The inputs' leaves; IPUs have no 64-bit floating point, so float64
-        (complex128) inputs become float32 (complex64), as in PopTorch."""
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+        """The inputs' leaves and their spec (see _inputs.py). IPUs have no
+        64-bit floating point, so float64 (complex128) inputs become float32
+        (complex64), as in PopTorch; `_given` keeps the caller's tensors."""
+        given, spec, self._input_objects = _inputs.flatten(args, kwargs)
+        self._given = [leaf for leaf in given if isinstance(leaf, torch.Tensor)]
+        leaves = list(given)
         demoted = {torch.float64: torch.float32, torch.complex128: torch.complex64}
         for index, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor) and leaf.dtype in demoted:
@@ -234,7 +238,8 @@ class PoplarExecutor:
         specs = []
         for index, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
-                if leaf.dim() == 0 or leaf.shape[0] % n != 0:
+                # A 0-dim tensor has no batch: every micro-batch sees it whole.
+                if leaf.dim() > 0 and leaf.shape[0] % n != 0:
                     raise Error(self._batch_message(index, leaf))
                 specs.append((tuple(leaf.shape), leaf.dtype, None))
             else:
@@ -255,8 +260,7 @@ class PoplarExecutor:
     def _batch_message(self, index: int, leaf: torch.Tensor) -> str:
         o = self._options
         n = self._micro_batches
-        rows = leaf.shape[0] if leaf.dim() else "no batch dimension"
-        return (f"input {index} has {rows} rows: a host batch must be a multiple of "
+        return (f"input {index} has {leaf.shape[0]} rows: a host batch must be a multiple of "
                 f"deviceIterations ({o.device_iterations}) x replicationFactor "
                 f"({o.replication_factor})" +
                 (f" x gradientAccumulation ({self._accumulation})" if self._training else "") +
@@ -276,7 +280,7 @@ class PoplarExecutor:
         device_leaves = []
         for leaf in leaves:
             if isinstance(leaf, torch.Tensor):
-                micro = leaf[: leaf.shape[0] // n].to(_DEVICE)
+                micro = (leaf if leaf.dim() == 0 else leaf[: leaf.shape[0] // n]).to(_DEVICE)
                 device_inputs.append(micro)
                 device_leaves.append(micro)
             else:
@@ -288,8 +292,9 @@ class PoplarExecutor:
         # With one micro-batch per iteration, the update applies the gradients
         # directly in the same program; otherwise they are accumulated first.
         accumulate = self._training and self._micro_batches_per_iteration > 1
+        args, kwargs = _inputs.unflatten(device_leaves, spec, self._input_objects)
         step = StepCapture(self._model, self._state, self._training, self._device_optimizer,
-                           accumulate, device_inputs, device_leaves, spec)
+                           accumulate, device_inputs, args, kwargs)
         self._step = step
         self._micro_step = _C.StepVariants(step.micro_step(), step.recapture)
         if progress:
@@ -334,8 +339,12 @@ class PoplarExecutor:
                             f"drop_last=True in the DataLoader, or wrap the model again)")
 
     def _run(self, leaves: List[Any]) -> Any:
-        host_inputs = [leaf.detach().cpu().contiguous() for leaf in leaves
-                       if isinstance(leaf, torch.Tensor)]
+        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        n = self._micro_batches
+        # A 0-dim input feeds every micro-batch whole; the runtime writes
+        # micro-batches the step changes in place back into these rows.
+        host_inputs = [t.detach().reshape(1).expand(n).contiguous() if t.dim() == 0
+                       else t.detach().cpu().contiguous() for t in tensors]
         o = self._options
         mode = o.output_mode
         if mode == OutputMode.Default:
@@ -348,9 +357,28 @@ class PoplarExecutor:
                                     host_inputs, step.device_outputs, o.device_iterations,
                                     self._accumulation, o.replication_factor, native_mode,
                                     o.output_return_period, seed))
-        leaves_out = [next(results) if isinstance(x, torch.Tensor) else x
+        self._write_back(self._given, host_inputs)
+        # IPUs have no 64-bit integers: PopTorch returns int32, and so do we.
+        leaves_out = [_int32_if_int64(next(results)) if isinstance(x, torch.Tensor) else x
                       for x in step.out_leaves]
         return pytree.tree_unflatten(leaves_out, step.out_spec)
+
+    def _write_back(self, inputs: List[torch.Tensor], host_inputs: List[torch.Tensor]) -> None:
+        """Inputs the step changes in place (``x += 1``, ``out=``) change for the
+        caller too, as on the CPU. The runtime wrote the host copies; a copy
+        that is not the caller's tensor is copied back."""
+        for given, host, device in zip(inputs, host_inputs, self._step.device_inputs):
+            if not self._micro_step.writes(device):
+                continue
+            if given.dim() == 0:
+                host = host[-1]  # the last micro-batch's value, as after a CPU loop
+            if not host.is_set_to(given):
+                with torch.no_grad():
+                    given.copy_(host)
+
+
+def _int32_if_int64(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.int32) if t.dtype == torch.int64 else t
 
 
 def trainingModel(model: torch.nn.Module, options: Optional[Options] = None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -51,32 +51,21 @@ def _whole_step_capture() -> Iterator[None]:
         _C.end_step_capture()
 
 
-@contextlib.contextmanager
-def _mode(model: torch.nn.Module, training: bool) -> Iterator[None]:
-    """The model in train or eval mode for the capture, then as it was."""
-    modes = {m: m.training for m in model.modules()}
-    model.train(training)
-    try:
-        yield
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
-
-
 class StepCapture:
     """What a captured step reads and writes on the device, kept across the
     captures of its variants so that every variant uses the same tensors."""
 
     def __init__(self, model: torch.nn.Module, state: DeviceState, training: bool,
                  optimizer: Optional[DeviceOptimizer], accumulate: bool,
-                 device_inputs: List[torch.Tensor], device_leaves: List[Any], spec: Any) -> None:
+                 device_inputs: List[torch.Tensor], args: Tuple[Any, ...],
+                 kwargs: Dict[str, Any]) -> None:
         self.model = model
         self.training = training
         self.optimizer = optimizer
         self.device_inputs = device_inputs
         self._state = state
-        self._device_leaves = device_leaves
-        self._spec = spec
+        self._args = args  # the model's arguments, over the device inputs
+        self._kwargs = kwargs
         self.trainable = state.parameters(model) if training else []
         for p in self.trainable:
             p.requires_grad_(True)
@@ -93,12 +82,13 @@ class StepCapture:
     def micro_step(self) -> Any:
         """Captures one micro-batch's step from the data in the device inputs;
         returns its program."""
-        args, kwargs = pytree.tree_unflatten(self._device_leaves, self._spec)
         recorder = LossRecorder(self.model)
-        with _whole_step_capture(), _mode(self.model, self.training), recorder, RunningOnIpu():
+        # Tensors made in forward without a device are constants of the step
+        # on the IPU, as in PopTorch (random ones are drawn there on every run).
+        with _whole_step_capture(), recorder, RunningOnIpu(), self._state.device:
             with torch.enable_grad() if self.training else torch.no_grad():
                 outputs = torch.func.functional_call(self.model, self._state.tensors,
-                                                     tuple(args), kwargs, strict=False)
+                                                     self._args, self._kwargs, strict=False)
             if self.training:
                 self._backward(recorder.loss(outputs))
             self._bind_outputs(outputs)

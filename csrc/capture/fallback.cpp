@@ -118,6 +118,30 @@ void checkNotQuantized(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
   }
 }
 
+// While a step is captured whole, host tensors among an op's arguments (made
+// in forward without a device, or held by the model outside its buffers) are
+// constants of the step, as in PopTorch: they are uploaded to the op's ipu.
+// 0-dim ones stay host scalars, and tensors the op writes stay where they are.
+void uploadHostConstants(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  const c10::ArrayRef<c10::IValue> arguments = torch::jit::last(*stack, num_args);
+  int device = device::currentIndex();
+  for (const c10::IValue& value : arguments) {
+    forEachTensor(value, [&](const at::Tensor& t) {
+      if (t.defined() && t.is_ipu()) device = t.device().index();
+    });
+  }
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+    if (alias && alias->isWrite()) continue;
+    c10::IValue& value = (*stack)[stack->size() - num_args + i];
+    value = mapTensors(value, [&](const at::Tensor& t) {
+      return t.defined() && t.is_cpu() && t.dim() > 0 ? device::uploadToIpu(t, device) : t;
+    });
+  }
+}
+
 // An out= argument the Meta kernel resized: give the ipu tensor the same
 // layout, growing its storage if needed.
 void mirrorLayout(const at::Tensor& ipu, const Layout& layout, PendingGraph& pending) {
@@ -301,6 +325,7 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
 c10::Device prepareArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                              bool allow_several_ipus) {
   const size_t num_args = op.schema().arguments().size();
+  if (capturingStep()) uploadHostConstants(op, stack);
   std::optional<c10::Device> device =
       commonDevice(op, torch::jit::last(*stack, num_args), allow_several_ipus);
   if (!device) device = factoryDevice(torch::jit::last(*stack, num_args));

@@ -128,12 +128,12 @@ void PendingGraph::discard() {
   ids_.clear();
 }
 
-std::unique_ptr<runtime::Program> PendingGraph::prepare() {
+std::unique_ptr<runtime::Program> PendingGraph::prepare(bool allow_empty) {
   // Take the state first, so that an error below leaves an empty graph behind.
   ir::Graph graph = std::move(graph_);
   std::vector<Entry> entries = std::move(entries_);
   discard();
-  if (graph.nodes.empty()) return nullptr;
+  if (graph.nodes.empty() && !allow_empty) return nullptr;
 
   std::vector<c10::Storage> storages(entries.size());
   for (size_t b = 0; b < entries.size(); ++b) {

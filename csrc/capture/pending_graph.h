@@ -48,8 +48,9 @@ class PendingGraph {
 
   // Turns the pending nodes into a program (compiled, or found in the cache)
   // bound to their storages, and leaves the pending graph empty. Storages
-  // that outlive the graph are materialised. Null if nothing is pending.
-  std::unique_ptr<runtime::Program> prepare();
+  // that outlive the graph are materialised. Null if nothing is pending,
+  // unless `allow_empty` (a step that only returns its inputs).
+  std::unique_ptr<runtime::Program> prepare(bool allow_empty = false);
 
   // The sync point: prepares and runs every pending node, leaving each live
   // ipu storage materialised and up to date.

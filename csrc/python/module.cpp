@@ -57,7 +57,7 @@ std::string pendingGraph() {
 
 std::shared_ptr<runtime::Program> prepareProgram() {
   auto lock = capture::PendingGraph::get().lock();
-  return capture::PendingGraph::get().prepare();
+  return capture::PendingGraph::get().prepare(/*allow_empty=*/true);
 }
 
 std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, const runtime::Program* update,
@@ -195,12 +195,18 @@ PYBIND11_MODULE(_C, m) {
   m.def("end_step_capture", &capture::PendingGraph::endStepCapture,
         "Ends the step capture of this thread, discarding what was not prepared.");
   m.def("prepare_program", &prepareProgram,
-        "Takes the pending graph as a Program without running it (None if empty).");
+        "Takes the pending graph as a Program without running it (maybe empty).");
   py::class_<runtime::StepVariants, std::shared_ptr<runtime::StepVariants>>(
       m, "StepVariants",
       "A micro-step as programs specialised on the values the host read while capturing it.")
       .def(py::init(&makeStepVariants), py::arg("first"), py::arg("capture"))
-      .def("__len__", &runtime::StepVariants::size);
+      .def("__len__", &runtime::StepVariants::size)
+      .def(
+          "writes",
+          [](const runtime::StepVariants& step, const at::Tensor& tensor) {
+            return step.writes(tensor.storage().unsafeGetStorageImpl());
+          },
+          "True if a variant writes the storage of `tensor` in place.");
   m.def("run_steps", &runSteps, py::call_guard<py::gil_scoped_release>());
   setSourceLocationProvider(&pythonSourceLocation);
 }

@@ -39,6 +39,15 @@ std::unique_ptr<Program> Program::twin(
   return std::unique_ptr<Program>(new Program(executable_, graph_, std::move(storages)));
 }
 
+bool Program::writes(const c10::StorageImpl* storage) const {
+  for (const ir::Node& node : executable_->program.nodes) {
+    for (ir::BufferId w : node.writes) {
+      if (external_[w] == storage) return true;
+    }
+  }
+  return false;
+}
+
 bool Program::writesOnly(const std::vector<c10::Storage>& own) const {
   auto owned = [&](ir::BufferId b) {
     if (executable_->roles[b] != compiler::BufferRole::kExternal) return true;

@@ -20,6 +20,9 @@ class Program {
   std::unique_ptr<Program> twin(
       const std::vector<std::pair<c10::Storage, c10::Storage>>& replace) const;
 
+  // True if a node writes `storage` (an ipu storage the program is bound to) in place.
+  bool writes(const c10::StorageImpl* storage) const;
+
   // True if every buffer the program writes is one of `own` (or a temporary):
   // twins that own those storages can then run at the same time.
   bool writesOnly(const std::vector<c10::Storage>& own) const;

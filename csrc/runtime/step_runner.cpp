@@ -3,6 +3,7 @@
 #include <ATen/ops/zeros.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -106,10 +107,20 @@ void copyRows(const at::Tensor& host, int64_t k, const at::Tensor& device) {
   Metrics::get().bytesToIpu(static_cast<int64_t>(nbytes));
 }
 
+// The step changed its input in place: so do micro-batch k's rows of the host
+// batch, as the CPU changes the caller's tensor.
+void copyRowsBack(const at::Tensor& device, int64_t k, const at::Tensor& host) {
+  const size_t nbytes = device.nbytes();
+  auto* target = static_cast<char*>(host.mutable_data_ptr()) + k * nbytes;
+  std::memcpy(target, device.const_data_ptr(), nbytes);
+  Metrics::get().bytesFromIpu(static_cast<int64_t>(nbytes));
+}
+
 // One lane of execution: a micro-step and the device tensors it reads its
 // inputs from and writes its outputs to.
 struct Lane {
-  std::function<void(uint64_t seed_salt)> run;
+  // Runs one micro-step; returns the program that ran.
+  std::function<const Program&(uint64_t seed_salt)> run;
   std::vector<at::Tensor> inputs;
   std::vector<at::Tensor> outputs;
 };
@@ -120,17 +131,28 @@ std::pair<std::unique_ptr<Program>, Lane> twinLane(const Program& micro_step,
                                                    const std::vector<at::Tensor>& outputs) {
   std::vector<std::pair<c10::Storage, c10::Storage>> replace;
   Lane lane;
+  // One storage of the lane's own per storage of the first lane (an output
+  // may be an input, or a view of one).
   auto fresh = [&](const at::Tensor& t) {
-    at::Tensor copy = device::emptyIpuTensor(t.sizes(), t.strides(), t.scalar_type(),
-                                             t.device().index(), t.storage_offset());
-    device::materialize(*copy.storage().unsafeGetStorageImpl());
-    replace.emplace_back(t.storage(), copy.storage());
-    return copy;
+    auto same = std::find_if(replace.begin(), replace.end(),
+                             [&](const auto& pair) { return t.storage().is_alias_of(pair.first); });
+    if (same == replace.end()) {
+      const auto nbytes = static_cast<int64_t>(t.storage().nbytes());
+      at::Tensor bytes =
+          device::emptyIpuTensor({nbytes}, {1}, c10::ScalarType::Byte, t.device().index());
+      device::materialize(*bytes.storage().unsafeGetStorageImpl());
+      same = replace.emplace(replace.end(), t.storage(), bytes.storage());
+    }
+    return device::ipuView(same->second, t.sizes(), t.strides(), t.storage_offset(),
+                           t.scalar_type());
   };
   for (const at::Tensor& t : inputs) lane.inputs.push_back(fresh(t));
   for (const at::Tensor& t : outputs) lane.outputs.push_back(fresh(t));
   std::unique_ptr<Program> twin = micro_step.twin(replace);
-  lane.run = [program = twin.get()](uint64_t seed_salt) { program->run(seed_salt); };
+  lane.run = [program = twin.get()](uint64_t seed_salt) -> const Program& {
+    program->run(seed_salt);
+    return *program;
+  };
   return {std::move(twin), std::move(lane)};
 }
 
@@ -160,7 +182,12 @@ void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
              int64_t per_iteration = 1) {
   for (int64_t k = first; k < count; k += stride) {
     for (size_t j = 0; j < lane.inputs.size(); ++j) copyRows(host_inputs[j], k, lane.inputs[j]);
-    lane.run(seed + static_cast<uint64_t>(k) + 1);
+    const Program& ran = lane.run(seed + static_cast<uint64_t>(k) + 1);
+    for (size_t j = 0; j < lane.inputs.size(); ++j) {
+      if (ran.writes(lane.inputs[j].storage().unsafeGetStorageImpl())) {
+        copyRowsBack(lane.inputs[j], k, host_inputs[j]);
+      }
+    }
     const int64_t slot = slots.slotOf(k);
     if (slot >= 0) {
       for (size_t o = 0; o < outputs.size(); ++o) {
@@ -211,8 +238,9 @@ std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update
 
   const int64_t per_iteration = shape.accumulation * shape.replicas;
   const int64_t count = shape.iterations * per_iteration;
-  const Lane lane{[&micro_step](uint64_t seed_salt) { micro_step.run(seed_salt); }, device_inputs,
-                  device_outputs};
+  const Lane lane{
+      [&micro_step](uint64_t seed_salt) -> const Program& { return micro_step.run(seed_salt); },
+      device_inputs, device_outputs};
   const Program* unguarded = micro_step.unguarded();
   if (lanesApply(unguarded, update, device_inputs, device_outputs, shape)) {
     auto [twin, second] = twinLane(*unguarded, device_inputs, device_outputs);

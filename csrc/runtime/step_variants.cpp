@@ -17,7 +17,12 @@ const Program* StepVariants::unguarded() const {
   return variants_.size() == 1 && !variants_[0]->hasGuards() ? variants_[0].get() : nullptr;
 }
 
-void StepVariants::run(uint64_t seed_salt) {
+bool StepVariants::writes(const c10::StorageImpl* storage) const {
+  return std::any_of(variants_.begin(), variants_.end(),
+                     [storage](const auto& variant) { return variant->writes(storage); });
+}
+
+const Program& StepVariants::run(uint64_t seed_salt) {
   std::optional<GuardFailure> failure;
   for (size_t i = 0; i < variants_.size(); ++i) {
     try {
@@ -25,7 +30,7 @@ void StepVariants::run(uint64_t seed_salt) {
       // Data tends to repeat: the variant that applied is tried first next time.
       std::rotate(variants_.begin(), variants_.begin() + static_cast<std::ptrdiff_t>(i),
                   variants_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-      return;
+      return *variants_.front();
     } catch (const GuardFailure& f) {
       Metrics::get().guardFailed();
       failure = f;
@@ -44,6 +49,7 @@ void StepVariants::run(uint64_t seed_salt) {
                 "such as random numbers. Move that read out of the model.");
   }
   variants_.insert(variants_.begin(), std::move(fresh));
+  return *variants_.front();
 }
 
 }  // namespace poptorch::runtime

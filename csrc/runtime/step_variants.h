@@ -22,8 +22,12 @@ class StepVariants {
 
   StepVariants(std::shared_ptr<Program> first, Capture capture);
 
-  // Runs one micro-step (see Program::run for `seed_salt`).
-  void run(uint64_t seed_salt);
+  // Runs one micro-step (see Program::run for `seed_salt`); returns the
+  // variant that ran.
+  const Program& run(uint64_t seed_salt);
+
+  // True if a variant writes `storage` in place.
+  bool writes(const c10::StorageImpl* storage) const;
 
   // The only program, when the step read nothing on the host.
   const Program* unguarded() const;

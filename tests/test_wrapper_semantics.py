@@ -1,0 +1,210 @@
+"""How trainingModel/inferenceModel treat the model's Python code, as PopTorch
+does: modes, tensors made in forward, in-place inputs, unusual inputs and
+outputs. Each compared with the model run on the CPU."""
+import copy
+from collections import OrderedDict
+
+import pytest
+import torch
+
+import poptorch
+
+
+class MakesTensorsInForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.offsets = torch.tensor([1.0, 2.0, 3.0, 4.0])  # a plain attribute, not a buffer
+
+    def forward(self, x):
+        scale = torch.tensor([0.5, 1.0, 1.5, 2.0])
+        ramp = torch.arange(4).float()
+        ones = torch.ones(x.shape[0], 4)
+        return self.lin(x) * scale + ramp + ones + self.offsets
+
+
+def test_tensors_made_in_forward_on_the_cpu_are_constants_of_the_step():
+    model = MakesTensorsInForward()
+    ipu = poptorch.inferenceModel(model)
+    for seed in range(2):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(ipu(x), model(x))
+
+
+def test_random_tensors_made_in_forward_are_drawn_on_every_run():
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.rand(x.shape[0], 4)
+
+    ipu = poptorch.inferenceModel(Noisy())
+    x = torch.zeros(2, 4)
+    first, second = ipu(x), ipu(x)
+    assert first.shape == (2, 4) and not torch.equal(first, second)
+    assert ((first >= 0) & (first < 1)).all()
+
+
+class AddsToItsInput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x, counter):
+        x += 1
+        torch.add(counter, 1, out=counter)
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_in_place_updates_of_inputs_reach_the_callers_tensors(iterations):
+    model = AddsToItsInput()
+    ipu = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(iterations))
+    x = torch.randn(2 * iterations, 3)
+    counter = torch.zeros(2 * iterations, 2)
+    expected_x, expected_counter = x.clone(), counter.clone()
+    expected = model(expected_x, expected_counter)
+    torch.testing.assert_close(ipu(x, counter), expected)
+    torch.testing.assert_close(x, expected_x)
+    torch.testing.assert_close(counter, expected_counter)
+
+
+def test_an_input_updated_in_place_that_the_wrapper_copied_is_updated_too():
+    model = AddsToItsInput()
+    ipu = poptorch.inferenceModel(model)
+    x = torch.randn(3, 2).t()  # not contiguous: the wrapper works on a copy
+    counter = torch.zeros(2, 2, dtype=torch.float64)  # demoted to float32
+    expected_x, expected_counter = x.clone(), counter.clone()
+    model(expected_x, expected_counter)
+    ipu(x, counter)
+    torch.testing.assert_close(x, expected_x)
+    torch.testing.assert_close(counter, expected_counter)
+
+
+class ScalesByAScalar(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+
+    def forward(self, x, factor):
+        return self.lin(x) * factor
+
+
+def test_0_dim_inputs_feed_every_micro_batch_whole():
+    model = ScalesByAScalar()
+    ipu = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(2))
+    x = torch.randn(4, 3)
+    for factor in (2.0, -1.0):
+        torch.testing.assert_close(ipu(x, torch.tensor(factor)), model(x, torch.tensor(factor)))
+
+
+def test_a_model_that_returns_its_inputs_returns_each_micro_batch():
+    class Identity(torch.nn.Module):
+        def forward(self, x, y):
+            return y, x
+
+    ipu = poptorch.inferenceModel(Identity(), poptorch.Options().deviceIterations(2))
+    x, y = torch.randn(4, 3), torch.arange(8).reshape(4, 2)
+    out_y, out_x = ipu(x, y)
+    torch.testing.assert_close(out_x, x)
+    torch.testing.assert_close(out_y, y.int())  # int64 results come back as int32
+
+
+def test_int64_results_come_back_as_int32_as_in_poptorch():
+    class Argmax(torch.nn.Module):
+        def forward(self, x):
+            return x.argmax(dim=1), x.sum(dim=1)
+
+    ipu = poptorch.inferenceModel(Argmax())
+    x = torch.randn(5, 7)
+    indices, sums = ipu(x)
+    assert indices.dtype == torch.int32
+    torch.testing.assert_close(indices, x.argmax(dim=1).int())
+    torch.testing.assert_close(sums, x.sum(dim=1))
+
+
+def test_dict_inputs_and_outputs_keep_their_key_order():
+    class Dicts(torch.nn.Module):
+        def forward(self, inputs):
+            assert list(inputs) == ["b", "a"]
+            return OrderedDict([("second", inputs["a"] * 2), ("first", inputs["b"] + 1)])
+
+    ipu = poptorch.inferenceModel(Dicts())
+    inputs = OrderedDict([("b", torch.ones(2, 2)), ("a", torch.arange(4.0).reshape(2, 2))])
+    out = ipu(inputs)
+    assert list(out) == ["second", "first"]
+    torch.testing.assert_close(out["second"], inputs["a"] * 2)
+    torch.testing.assert_close(out["first"], inputs["b"] + 1)
+
+
+class Pair:
+    """A user type holding two tensors."""
+
+    def __init__(self, left, right):
+        self.left, self.right = left, right
+
+
+class PairParser(poptorch.ICustomArgParser):
+    def yieldTensors(self, struct):
+        yield struct.left
+        yield struct.right
+
+    def reconstruct(self, original_structure, tensor_iterator):
+        return Pair(next(tensor_iterator), next(tensor_iterator))
+
+
+def test_inputs_of_a_user_type_go_through_its_registered_parser():
+    poptorch.registerCustomArgParser(Pair, PairParser())
+
+    class UsesPairs(torch.nn.Module):
+        def forward(self, pair):
+            return pair.left * pair.right
+
+    ipu = poptorch.inferenceModel(UsesPairs(), poptorch.Options().deviceIterations(2))
+    for seed in range(2):
+        g = torch.Generator().manual_seed(seed)
+        pair = Pair(torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g))
+        torch.testing.assert_close(ipu(pair), pair.left * pair.right)
+
+
+def test_a_parser_must_be_an_icustomargparser():
+    with pytest.raises(poptorch.Error, match="ICustomArgParser"):
+        poptorch.registerCustomArgParser(Pair, object())
+
+
+class DropsInTraining(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.9)
+
+    def forward(self, x, y):
+        out = self.drop(self.lin(x))
+        return out, (out - y).pow(2).mean()
+
+
+def test_training_keeps_each_submodules_mode():
+    torch.manual_seed(0)
+    model = DropsInTraining()
+    model.drop.eval()  # the user switched dropout off
+    reference = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
+        _, loss = ipu(x, y)
+        optimizer.zero_grad()
+        ref_out, ref_loss = reference(x, y)
+        ref_loss.backward()
+        optimizer.step()
+        torch.testing.assert_close(loss, ref_loss.detach())
+    assert model.training and not model.drop.training
+
+
+def test_inference_of_a_model_in_train_mode_runs_it_in_train_mode():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    reference = copy.deepcopy(model)
+    ipu = poptorch.inferenceModel(model)
+    x = torch.randn(6, 4)
+    torch.testing.assert_close(ipu(x), reference(x))  # batch statistics, as on the CPU
+    torch.testing.assert_close(model[1].running_mean, reference[1].running_mean)
