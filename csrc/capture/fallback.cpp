@@ -2,6 +2,7 @@
 // twins of the arguments, so shape and dtype errors surface at the line that
 // caused them; the results are lazy ipu tensors with the inferred layout.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/CPUFallback.h>
 #include <torch/library.h>
@@ -272,6 +273,8 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
   PendingGraph& pending = PendingGraph::get();
   ir::Node node(op);
   node.guard = guard;
+  node.deterministic = at::globalContext().deterministicAlgorithms();
+  node.deterministic_warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();
   for (size_t i = 0; i < num_args; ++i) {
     const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
     if (!alias || !alias->isWrite()) continue;

@@ -62,14 +62,24 @@ c10::DimVector stridesFor(c10::IntArrayRef sizes, c10::MemoryFormat format) {
   return c10::DimVector(strides.begin(), strides.end());
 }
 
+// Under torch.use_deterministic_algorithms, new memory reads as NaN (or the
+// largest integer), as on the CPU.
+at::Tensor filledIfDeterministic(at::Tensor tensor) {
+  if (at::globalContext().deterministicAlgorithms() &&
+      at::globalContext().deterministicFillUninitializedMemory()) {
+    at::native::fill_empty_deterministic_(tensor);
+  }
+  return tensor;
+}
+
 at::Tensor empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                  std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                  std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
   checkStrided(layout);
   at::detail::check_size_nonnegative(size);
   const auto format = memory_format.value_or(c10::MemoryFormat::Contiguous);
-  return device::emptyIpuTensor(size, stridesFor(size, format), dtypeOf(dtype),
-                                deviceIndexOf(device));
+  return filledIfDeterministic(device::emptyIpuTensor(size, stridesFor(size, format),
+                                                      dtypeOf(dtype), deviceIndexOf(device)));
 }
 
 at::Tensor emptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -77,7 +87,8 @@ at::Tensor emptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride,
                         std::optional<c10::Device> device, std::optional<bool>) {
   checkStrided(layout);
   at::detail::check_size_nonnegative(size);
-  return device::emptyIpuTensor(size, stride, dtypeOf(dtype), deviceIndexOf(device));
+  return filledIfDeterministic(
+      device::emptyIpuTensor(size, stride, dtypeOf(dtype), deviceIndexOf(device)));
 }
 
 // Grows `self`'s storage to hold `sizes` x `strides` at its offset.

@@ -93,6 +93,10 @@ struct Node {
   std::optional<uint64_t> seed;
   int32_t generator_arg = -1;  // index of the op's Generator? argument, if any
   Guard guard = Guard::kNone;
+  // torch.use_deterministic_algorithms(mode, warn_only=...) when the op was
+  // called: kernels read it when they run. Runtime data: not hashed.
+  bool deterministic = false;
+  bool deterministic_warn_only = false;
   // kShape: the op's non-tensor results (bools, ints...) when it was captured,
   // in order; they must recur too. Runtime data: not hashed.
   std::vector<c10::IValue> observed;

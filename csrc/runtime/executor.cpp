@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
@@ -65,6 +66,32 @@ class DefaultGeneratorSeeded {
   at::Generator saved_;
 };
 
+// The kernel runs under the deterministic-algorithms setting of the op's call,
+// not the one in force when the graph happens to run.
+class DeterministicAlgorithmsAsCalled {
+ public:
+  explicit DeterministicAlgorithmsAsCalled(const ir::Node& source)
+      : context_(at::globalContext()),
+        deterministic_(context_.deterministicAlgorithms()),
+        warn_only_(context_.deterministicAlgorithmsWarnOnly()),
+        changed_(source.deterministic != deterministic_ ||
+                 source.deterministic_warn_only != warn_only_) {
+    if (changed_)
+      context_.setDeterministicAlgorithms(source.deterministic, source.deterministic_warn_only);
+  }
+  ~DeterministicAlgorithmsAsCalled() {
+    if (changed_) context_.setDeterministicAlgorithms(deterministic_, warn_only_);
+  }
+  DeterministicAlgorithmsAsCalled(const DeterministicAlgorithmsAsCalled&) = delete;
+  DeterministicAlgorithmsAsCalled& operator=(const DeterministicAlgorithmsAsCalled&) = delete;
+
+ private:
+  at::Context& context_;
+  bool deterministic_;
+  bool warn_only_;
+  bool changed_;
+};
+
 class Run {
  public:
   Run(const compiler::Executable& exe, const std::vector<c10::StorageImpl*>& storages,
@@ -115,6 +142,7 @@ class Run {
     const std::optional<c10::OperatorHandle>& out_variant = exe_.out_variant[index];
     if (out_variant) stack_.push_back(output(node.outputs[0]));
     const c10::OperatorHandle& op = out_variant ? *out_variant : node.op;
+    const DeterministicAlgorithmsAsCalled deterministic(source);
     try {
       if (source.seed && node.generator_arg >= 0) {
         stack_[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(seedOf(source));
