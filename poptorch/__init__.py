@@ -13,15 +13,17 @@ import torch
 from . import _C
 from . import _device_module
 from . import _serialization
+from . import enums
 from . import optim
-from ._dataloader import AsynchronousDataAccessor, DataLoader, DataLoaderMode
+from ._data_accessor import AsynchronousDataAccessor
+from ._dataloader import DataLoader
 from ._errors import Error, RecoverableError, UnrecoverableError
 from ._executor import PoplarExecutor, inferenceModel, trainingModel
 from ._inputs import ICustomArgParser, registerCustomArgParser
 from ._logging import logger, setLogLevel
 from ._losses import identity_loss, isRunningOnIpu
-from .options import (HalfFloatCastingBehavior, Options, OutputMode, ReductionType,
-                      TensorLocationSettings)
+from .enums import *  # noqa: F401,F403  (PopTorch's enums are poptorch.<name> too)
+from .options import Options, TensorLocationSettings
 
 torch._register_device_module("ipu", _device_module)
 _serialization.install()
@@ -73,10 +75,10 @@ def ipuHardwareVersion() -> str:
 
 
 __all__ = [
-    "AsynchronousDataAccessor", "DataLoader", "DataLoaderMode", "Error", "HalfFloatCastingBehavior",
-    "ICustomArgParser", "Options", "OutputMode", "PoplarExecutor",
-    "RecoverableError", "ReductionType", "TensorLocationSettings", "UnrecoverableError",
+    "AsynchronousDataAccessor", "DataLoader", "Error", "ICustomArgParser", "Options",
+    "PoplarExecutor", "RecoverableError", "TensorLocationSettings", "UnrecoverableError", "enums",
     "identity_loss", "inferenceModel", "ipuHardwareIsAvailable", "ipuHardwareVersion",
-    "isRunningOnIpu", "logger", "metrics", "registerCustomArgParser", "optim", "reset_metrics", "setLogLevel",
+    "isRunningOnIpu", "logger", "metrics", "optim", "registerCustomArgParser", "reset_metrics",
+    "setLogLevel",
     "set_executable_cache_size", "synchronize", "trainingModel",
-]
+] + enums.__all__

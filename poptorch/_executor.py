@@ -22,6 +22,7 @@ from . import _inputs
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import Error
+from ._input_groups import expand_input_groups, group_rows
 from ._logging import logger
 from ._step_capture import StepCapture
 from .options import Options, OutputMode, ReductionType
@@ -218,7 +219,7 @@ class PoplarExecutor:
                                    index, leaf.dtype)
                     self._warned_float64 = True
                 leaves[index] = leaf.to(demoted[leaf.dtype])
-        return leaves, spec
+        return expand_input_groups(leaves, self._options, self._accumulation), spec
 
     @property
     def _accumulation(self) -> int:
@@ -250,11 +251,12 @@ class PoplarExecutor:
                         f"({self._options.device_iterations}) must be a multiple of the "
                         f"output return period ({self._options.output_return_period})")
         self._input_specs, self._spec = specs, spec
-        progress = _Progress()
+        progress = _Progress() if self._options.show_compilation_progress_bar else None
         try:
             self._capture(leaves, spec, progress)
         finally:
-            progress.close()
+            if progress:
+                progress.close()
         self._compiled = True
 
     def _batch_message(self, index: int, leaf: torch.Tensor) -> str:
@@ -372,6 +374,8 @@ class PoplarExecutor:
                 continue
             if given.dim() == 0:
                 host = host[-1]  # the last micro-batch's value, as after a CPU loop
+            elif host.shape != given.shape:  # replicas of an input group shared its rows
+                host = group_rows(host, self._options, self._accumulation)
             if not host.is_set_to(given):
                 with torch.no_grad():
                     given.copy_(host)

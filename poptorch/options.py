@@ -21,62 +21,25 @@ is no hardware), ``Jit.trace_model`` (False: capture is at the dispatcher),
 """
 from __future__ import annotations
 
-import ast
+import copy
 import enum
-import inspect
 import os
 from typing import (Any, Callable, ClassVar, Dict, Generic, Iterator, List, Optional, Tuple,
                     TypeVar, Union, overload)
 
 import torch
 
+from ._options_config import load_config_file
 from ._errors import Error
 from ._logging import logger
+from .enums import (CommGroupType, ConnectionType, HalfFloatCastingBehavior,
+                    MeanReductionStrategy, OutputMode, ReductionType, SyncPattern)
 
-__all__ = ["ConnectionType", "HalfFloatCastingBehavior", "Options", "OutputMode",
-           "ReductionType", "SyncPattern", "TensorLocationSettings"]
-
-
-class OutputMode(enum.IntEnum):
-    """Which results of the device iterations of one call are returned to the host."""
-    All = 0  #: one result per device iteration
-    Final = 1  #: the result of the last device iteration
-    EveryN = 2  #: every N-th result, N being ``output_return_period``
-    Sum = 3  #: the sum of the results of all device iterations
-    Default = 4  #: ``Final`` for training models, ``All`` for inference models
+__all__ = ["Options", "TensorLocationSettings"]
 
 
-class ReductionType(enum.IntEnum):
-    """How gradients are reduced across accumulation steps and replicas."""
-    Sum = 0
-    Mean = 1
-    NoReduction = 2
-
-
-class HalfFloatCastingBehavior(enum.IntEnum):
-    """What an operation mixing float16 and float32 inputs computes in."""
-    FloatDowncastToHalf = 0
-    HalfUpcastToFloat = 1
-    Default = 2
-
-
-class ConnectionType(enum.IntEnum):
-    """When to attach to the device (there is nothing to attach to here)."""
-    Always = 0
-    OnDemand = 1
-    Never = 2
-
-
-class SyncPattern(enum.IntEnum):
-    """How IPUs synchronise with the host (there is a single emulated IPU here)."""
-    Full = 0
-    SinglePipeline = 1
-    ReplicaAndLadder = 2
-
-
-# Enums a config file line may name (as ``OutputMode.All`` or ``poptorch.OutputMode.All``).
-_CONFIG_ENUMS = {cls.__name__: cls for cls in
-                 (OutputMode, ReductionType, HalfFloatCastingBehavior, ConnectionType, SyncPattern)}
+# Path fragments of the frames skipped when naming where an op came from.
+_DEFAULT_LOCATION_EXCLUDES = ("/torch/", "/poptorch/")
 
 
 def _never(_: Any) -> bool:
@@ -92,7 +55,9 @@ def _only(*honoured: Any) -> Callable[[Any], bool]:
 _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "useIpuModel": (_only(True), "there is no IPU hardware, the IPU Model is always used"),
     "autoRoundNumIPUs": (_only(False), "the emulator does not allocate IPUs"),
-    "ipuId": (_never, "there is a single emulated IPU"),
+    "useIpuId": (_never, "there is a single emulated IPU"),
+    "useOfflineIpuTarget": (_never, "the emulated IPU Model is always attached: models "
+                            "compiled for an offline target run too"),
     "connectionType": (_only(ConnectionType.Always), "the emulated IPU is always attached"),
     "syncPattern": (_only(SyncPattern.Full), "there are no IPUs to synchronise"),
     "enableSyntheticData": (_only(False), "inputs always come from the host"),
@@ -103,21 +68,35 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "logDir": (_never, "the emulator writes no report files"),
     "logCycleCount": (_only(False), "the emulator counts no IPU cycles"),
     "broadcastBuffers": (_only(True), "replicas share the host's buffers"),
-    "anchorTensor": (_never, "named tensors cannot be anchored"),
+    "anchorTensor": (_never, "named tensors cannot be anchored yet"),
+    "sourceLocationExcludes": (
+        lambda excludes: tuple(excludes) == _DEFAULT_LOCATION_EXCLUDES,
+        "errors name the first frame outside torch and poptorch"),
+    "setAvailableMemoryProportion": (_never, "host kernels have no tile memory to share"),
+    "enableStableNorm": (_only(True), "the host's norm kernels are the stable ones"),
+    "modelName": (_never, "no profiling reports are written"),
+    "disableModuleNamescope": (_never, "ops are not named after modules"),
     "setExecutionStrategy": (_never, "the whole graph runs as one stage on one emulated IPU"),
     "Training.setAutomaticLossScaling": (_only(False), "losses are not rescaled"),
+    "Training.setMeanAccumulationAndReplicationReductionStrategy": (
+        _only(MeanReductionStrategy.Post), "gradients are summed over the micro-batches and "
+        "divided once at the update (Post), which equals the other strategies up to rounding"),
+    "Training.setConvolutionDithering": (_only(False), "the emulator has no tiles"),
     "Precision.halfFloatCasting": (
         _only(HalfFloatCastingBehavior.Default, HalfFloatCastingBehavior.HalfUpcastToFloat),
         "PyTorch's type promotion (upcast to float) applies"),
     "Precision.runningStatisticsAlwaysFloat": (
         _only(False), "running statistics keep the dtype of the module's buffers"),
     "Precision.enableStochasticRounding": (_only(False), "rounding is to nearest"),
+    "Precision.enableFloatingPointExceptions": (
+        _only(False), "the host computes IEEE 754 results (inf, NaN) without raising"),
     "Precision.setPartialsType": (_only(torch.float32), "host kernels choose their partials"),
     "Precision.autocastEnabled": (_only(False), "no automatic casting is applied"),
     "TensorLocations.setActivationLocation": (_never, "all tensors live in host memory"),
     "TensorLocations.setWeightLocation": (_never, "all tensors live in host memory"),
     "TensorLocations.setOptimizerLocation": (_never, "all tensors live in host memory"),
     "TensorLocations.setAccumulatorLocation": (_never, "all tensors live in host memory"),
+    "TensorLocations.numIOTiles": (_never, "the emulator has no tiles"),
     "Jit.traceModel": (_only(False), "models are captured at the dispatcher, not traced"),
     "Distributed.configureProcessId": (
         lambda ids: ids[1] == 1, "each process runs its own emulated IPU: replicas in other "
@@ -244,7 +223,8 @@ class _Settings:
 
 
 class TensorLocationSettings(_Settings):
-    """Where a class of tensors lives on a real IPU system; stored, not honoured."""
+    """Where a class of tensors lives on a real IPU system (``opts.TensorLocations``).
+    Stored and validated; the emulator keeps every tensor in host memory."""
 
     on_chip = _Value(True, "Keep the tensors in on-chip memory.")
     replicated_tensor_sharding = _Value(False, "Shard the tensors across replicas.")
@@ -252,23 +232,33 @@ class TensorLocationSettings(_Settings):
     min_elements_for_replicated_tensor_sharding = _Value(
         0, "Smallest tensor that may be sharded across replicas.")
     io_tiles_to_load = _Value(False, "Load the tensors through the I/O tiles.")
+    io_tiles_to_store = _Value(False, "Store the tensors through the I/O tiles.")
 
     def useOnChipStorage(self, use: bool = True) -> TensorLocationSettings:
+        """Keep the tensors in on-chip memory (True) or in streaming memory (False)."""
         return self._set("on_chip", _bool("useOnChipStorage", use))
 
     def useReplicatedTensorSharding(self, use: bool = True) -> TensorLocationSettings:
+        """Shard the tensors (weights, optimiser state) across replicas."""
         return self._set("replicated_tensor_sharding", _bool("useReplicatedTensorSharding", use))
 
     def minElementsForOffChip(self, min_elements: int) -> TensorLocationSettings:
+        """Tensors with fewer elements stay on chip."""
         return self._set("min_elements_for_off_chip", _int(
             "minElementsForOffChip", min_elements, 0, "the number of elements"))
 
     def minElementsForReplicatedTensorSharding(self, min_elements: int) -> TensorLocationSettings:
+        """Tensors with fewer elements are not sharded across replicas."""
         return self._set("min_elements_for_replicated_tensor_sharding", _int(
             "minElementsForReplicatedTensorSharding", min_elements, 0, "the number of elements"))
 
     def useIOTilesToLoad(self, use: bool = True) -> TensorLocationSettings:
+        """Load the tensors through the I/O tiles."""
         return self._set("io_tiles_to_load", _bool("useIOTilesToLoad", use))
+
+    def useIOTilesToStore(self, use: bool = True) -> TensorLocationSettings:
+        """Store the tensors (replicated tensor sharded ones) through the I/O tiles."""
+        return self._set("io_tiles_to_store", _bool("useIOTilesToStore", use))
 
 
 class _TrainingOptions(_Settings):
@@ -279,66 +269,117 @@ class _TrainingOptions(_Settings):
                                       "before each weight update.")
     accumulation_and_replication_reduction_type = _Value(
         ReductionType.Mean, "How accumulated and replicated gradients are reduced.")
+    mean_reduction_strategy = _Value(
+        MeanReductionStrategy.Post, "When a mean reduction divides by the count.")
     automatic_loss_scaling = _Value(False, "Whether the loss scaling factor adapts itself.")
+    convolution_dithering = _Value(False, "Lay convolutions out from different tiles.")
 
     def gradientAccumulation(self, gradient_accumulation: int) -> _TrainingOptions:
+        """Micro-batches whose gradients are accumulated before each weight
+        update (one micro-batch is ``batch_size`` samples of the DataLoader)."""
         return self._set("gradient_accumulation", _int(
             "Training.gradientAccumulation", gradient_accumulation, 1,
             "the number of micro-batches accumulated per weight update"))
 
     def accumulationAndReplicationReductionType(self, reduction_type: ReductionType
                                                 ) -> _TrainingOptions:
+        """How the gradients of the accumulated micro-batches and of the replicas
+        are combined: ``ReductionType.Mean`` (default) or ``ReductionType.Sum``."""
+        if reduction_type is ReductionType.NoReduction:
+            raise Error("Training.accumulationAndReplicationReductionType takes "
+                        "ReductionType.Mean or ReductionType.Sum, got ReductionType.NoReduction")
         return self._set("accumulation_and_replication_reduction_type", _enum(
             "Training.accumulationAndReplicationReductionType", ReductionType, reduction_type))
 
+    def setMeanAccumulationAndReplicationReductionStrategy(
+            self, mean_reduction_strategy: MeanReductionStrategy) -> _TrainingOptions:
+        """When a ``Mean`` reduction divides by the number of micro-batches.
+        The emulator accumulates the sum and divides once at the update
+        (``Post``); ``Running`` and ``PostAndLoss`` give the same values up to
+        rounding, and setting them logs so."""
+        return self._set_not_honoured(
+            "setMeanAccumulationAndReplicationReductionStrategy", "mean_reduction_strategy",
+            _enum("Training.setMeanAccumulationAndReplicationReductionStrategy",
+                  MeanReductionStrategy, mean_reduction_strategy))
+
     def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:
+        """Let the loss scaling factor adapt itself during training. Not done by
+        the emulator (logged): losses keep the optimiser's ``loss_scaling``."""
         return self._set_not_honoured("setAutomaticLossScaling", "automatic_loss_scaling",
                                       _bool("Training.setAutomaticLossScaling", enabled))
 
+    def setConvolutionDithering(self, enabled: bool) -> _TrainingOptions:
+        """Lay out convolutions with different parameters from different tiles.
+        A tile-placement choice: the emulator has no tiles (logged)."""
+        return self._set_not_honoured("setConvolutionDithering", "convolution_dithering",
+                                      _bool("Training.setConvolutionDithering", enabled))
+
 
 class _PrecisionOptions(_Settings):
-    """``opts.Precision``: half precision behaviour."""
+    """``opts.Precision``: half precision and floating point behaviour."""
 
     _NAME = "Precision"
     half_float_casting = _Value(HalfFloatCastingBehavior.Default,
                                 "What mixed float16/float32 operations compute in.")
     running_statistics_always_float = _Value(False, "Keep norm running statistics in float32.")
     stochastic_rounding = _Value(False, "Round stochastically.")
+    floating_point_exceptions = _Value(False, "Raise on invalid floating point operations.")
     partials_type = _Value(torch.float32, "The dtype of matmul and convolution partials.")
     autocast_enabled = _Value(False, "Cast operations to half automatically.")
 
     def halfFloatCasting(self, behavior: HalfFloatCastingBehavior) -> _PrecisionOptions:
+        """What an op mixing float16 and float32 computes in. The emulator
+        follows PyTorch's promotion (``HalfUpcastToFloat``); others are logged."""
         return self._set_not_honoured("halfFloatCasting", "half_float_casting", _enum(
             "Precision.halfFloatCasting", HalfFloatCastingBehavior, behavior))
 
     def runningStatisticsAlwaysFloat(self, value: bool) -> _PrecisionOptions:
+        """Keep the running statistics of norm layers in float32. The emulator
+        keeps the dtype of the module's buffers (True is logged)."""
         return self._set_not_honoured(
             "runningStatisticsAlwaysFloat", "running_statistics_always_float",
             _bool("Precision.runningStatisticsAlwaysFloat", value))
 
     def enableStochasticRounding(self, enabled: bool) -> _PrecisionOptions:
+        """Round float16 results stochastically on the IPU. The host rounds to
+        nearest (True is logged)."""
         return self._set_not_honoured("enableStochasticRounding", "stochastic_rounding",
                                       _bool("Precision.enableStochasticRounding", enabled))
 
+    def enableFloatingPointExceptions(self, enabled: bool) -> _PrecisionOptions:
+        """Raise an error when the IPU meets an invalid operation (inf - inf,
+        division by zero, 0 x inf, a comparison with NaN...). The host computes
+        IEEE 754 results (inf, NaN) without raising (True is logged)."""
+        return self._set_not_honoured("enableFloatingPointExceptions",
+                                      "floating_point_exceptions",
+                                      _bool("Precision.enableFloatingPointExceptions", enabled))
+
     def setPartialsType(self, dtype: torch.dtype) -> _PrecisionOptions:
+        """The dtype of the partial results of matmuls and convolutions
+        (``torch.float32`` or ``torch.float16``). Host kernels choose their
+        own (float16 is logged)."""
         if dtype not in (torch.float32, torch.float16):
             raise Error(f"Precision.setPartialsType takes torch.float32 or torch.float16, "
                         f"got {_show(dtype)}")
         return self._set_not_honoured("setPartialsType", "partials_type", dtype)
 
     def autocastEnabled(self, enabled: bool) -> _PrecisionOptions:
+        """Turn PopTorch's automatic casting to float16 on or off. The emulator
+        casts nothing automatically (True is logged)."""
         return self._set_not_honoured("autocastEnabled", "autocast_enabled",
                                       _bool("Precision.autocastEnabled", enabled))
 
 
 class _TensorLocationOptions(_Settings):
-    """``opts.TensorLocations``: where activations, weights... live; stored, not honoured."""
+    """``opts.TensorLocations``: where activations, weights... live. Stored and
+    validated; the emulator keeps every tensor in host memory (logged)."""
 
     _NAME = "TensorLocations"
     activation_location = _Value(None, "Settings for activations.")
     weight_location = _Value(None, "Settings for weights.")
     optimizer_location = _Value(None, "Settings for optimizer state.")
     accumulator_location = _Value(None, "Settings for gradient accumulators.")
+    num_io_tiles = _Value(0, "Tiles of each IPU given to I/O rather than compute.")
 
     def _location(self, method: str, key: str, settings: Any) -> _TensorLocationOptions:
         if not isinstance(settings, TensorLocationSettings):
@@ -347,16 +388,28 @@ class _TensorLocationOptions(_Settings):
         return self._set_not_honoured(method, key, settings)
 
     def setActivationLocation(self, location: TensorLocationSettings) -> _TensorLocationOptions:
+        """Where activations live."""
         return self._location("setActivationLocation", "activation_location", location)
 
     def setWeightLocation(self, location: TensorLocationSettings) -> _TensorLocationOptions:
+        """Where weights live."""
         return self._location("setWeightLocation", "weight_location", location)
 
     def setOptimizerLocation(self, location: TensorLocationSettings) -> _TensorLocationOptions:
+        """Where the optimiser state lives."""
         return self._location("setOptimizerLocation", "optimizer_location", location)
 
     def setAccumulatorLocation(self, location: TensorLocationSettings) -> _TensorLocationOptions:
+        """Where the gradient accumulators live."""
         return self._location("setAccumulatorLocation", "accumulator_location", location)
+
+    def numIOTiles(self, num_tiles: int) -> _TensorLocationOptions:
+        """Tiles of each IPU given to I/O: an even number from 32 to 192."""
+        tiles = _int("TensorLocations.numIOTiles", num_tiles, 32, "the number of I/O tiles")
+        if tiles > 192 or tiles % 2:
+            raise Error(f"TensorLocations.numIOTiles({tiles}) is invalid: the number of I/O "
+                        "tiles must be an even number from 32 to 192")
+        return self._set_not_honoured("numIOTiles", "num_io_tiles", tiles)
 
 
 class _JitOptions(_Settings):
@@ -366,6 +419,8 @@ class _JitOptions(_Settings):
     trace_model = _Value(False, "Capture with torch.jit.trace instead of the dispatcher.")
 
     def traceModel(self, trace_model: bool) -> _JitOptions:
+        """Capture with ``torch.jit.trace`` (True) or at PyTorch's dispatcher
+        (False). The emulator always captures at the dispatcher (True is logged)."""
         return self._set_not_honoured("traceModel", "trace_model",
                                       _bool("Jit.traceModel", trace_model))
 
@@ -389,6 +444,9 @@ class _DistributedOptions(_Settings):
             self.configureProcessId(*ids)
 
     def configureProcessId(self, process_id: int, num_processes: int) -> _DistributedOptions:
+        """This process's index among ``num_processes``: the DataLoader gives it
+        its share of the dataset. Replicas in other processes are not
+        synchronised by the emulator (logged)."""
         num = _int("Distributed.configureProcessId", num_processes, 1, "the number of processes")
         pid = _int("Distributed.configureProcessId", process_id, 0, "the process id")
         if pid >= num:
@@ -407,6 +465,8 @@ class Options(_Settings):
 
     device_iterations = _Value(1, "Batches the device runs per call of the model.")
     replication_factor = _Value(1, "Replicas of the model running in data parallel.")
+    input_group_size = _Value(1, "Replicas of an input group, which share their inputs.")
+    input_group_type = _Value(CommGroupType.Consecutive, "How replicas form input groups.")
     output_mode = _Value(OutputMode.Default, "Which results are returned to the host.")
     output_return_period = _Value(1, "N of OutputMode.EveryN (1 for the other modes).")
     random_seed = _Value[Optional[int]](None, "Seed of the device's random generator.")
@@ -415,15 +475,28 @@ class Options(_Settings):
     executable_cache_dir = _Value[Optional[str]](None, "Where compiled executables are cached.")
     execution_strategy = _Value[Any](None, "The execution strategy object (None: default).")
     ipu_id = _Value[Optional[int]](None, "The id of the IPU to run on.")
+    ipu_version = _Value[Optional[int]](None, "The IPU version of an offline target.")
     connection_type = _Value(ConnectionType.Always, "When to attach to the device.")
     sync_pattern = _Value(SyncPattern.Full, "How IPUs synchronise with the host.")
     synthetic_data = _Value(False, "Generate inputs on the device.")
     profile_dir = _Value[Optional[str]](None, "Where profiling reports go (None: off).")
     log_dir = _Value[Optional[str]](None, "Where report files go.")
     log_cycle_count = _Value(False, "Log IPU cycles per run.")
+    model_name = _Value[Optional[str]](None, "The model's name in reports.")
     broadcast_buffers = _Value(True, "Broadcast buffers to replicas every run.")
+    stable_norm = _Value(False, "Use the stable (slower) form of norm operators.")
+    available_memory_proportion = _Value[Dict[int, float]](
+        {}, "IPU index -> proportion of tile memory for temporaries.")
     anchored_tensors = _Value[Tuple[Tuple[Any, ...], ...]](
-        (), "(name, tensor name, output mode, period) of each anchored tensor.")
+        (), "(name, tensor name, output mode or None, period) of each anchored tensor.")
+    updatable_named_buffers = _Value[Tuple[str, ...]](
+        (), "Buffers that copyNamedBuffersToDevice() copies.")
+    relax_optimizer_attributes_checks = _Value(
+        False, "Log ignored optimiser attributes at DEBUG instead of WARN.")
+    show_compilation_progress_bar = _Value(True, "Show a progress bar while compiling.")
+    source_location_excludes = _Value[Tuple[str, ...]](
+        _DEFAULT_LOCATION_EXCLUDES, "Frames skipped when naming where an op came from.")
+    module_namescope = _Value(True, "Name ops after the modules that run them.")
 
     def __init__(self) -> None:
         super().__init__()
@@ -436,94 +509,239 @@ class Options(_Settings):
         if cache_dir:
             self.enableExecutableCaching(cache_dir)
 
-    # -- honoured options
+    # -- batching and outputs
     def deviceIterations(self, device_iterations: int) -> Options:
+        """Batches the device runs per call of the model (each call takes
+        ``device_iterations`` times more data)."""
         return self._set("device_iterations", _int(
             "deviceIterations", device_iterations, 1, "the number of batches per call"))
 
     def replicationFactor(self, replication_factor: int) -> Options:
+        """Replicas of the model running in data parallel. The emulator runs
+        them one after another on one set of weights."""
         return self._set("replication_factor", _int(
             "replicationFactor", replication_factor, 1, "the number of replicas"))
 
+    def inputReplicaGrouping(self, input_group_size: int,
+                             input_group_type: CommGroupType = CommGroupType.Consecutive
+                             ) -> Options:
+        """Replicas in one input group receive the same input: a call takes
+        ``replicationFactor / input_group_size`` micro-batches per accumulation
+        step instead of ``replicationFactor``. ``input_group_size`` must divide
+        the replication factor; ``input_group_type`` is ``Consecutive`` (groups
+        of neighbouring replicas) or ``Orthogonal`` (see
+        :class:`~poptorch.CommGroupType`)."""
+        size = _int("inputReplicaGrouping", input_group_size, 1, "the input group size")
+        kind = _enum("inputReplicaGrouping", CommGroupType, input_group_type)
+        if kind not in (CommGroupType.Consecutive, CommGroupType.Orthogonal):
+            raise Error(f"inputReplicaGrouping takes CommGroupType.Consecutive or "
+                        f"CommGroupType.Orthogonal, got {_show(kind)}")
+        self._set("input_group_type", kind)
+        return self._set("input_group_size", size)
+
+    @property
+    def input_group_count(self) -> int:
+        """Replicas with inputs of their own: replication factor / input group size."""
+        size, replicas = self.input_group_size, self.replication_factor
+        if replicas % size:
+            raise Error(f"inputReplicaGrouping({size}) needs a replicationFactor that is a "
+                        f"multiple of {size}, got replicationFactor({replicas})")
+        return replicas // size
+
     def outputMode(self, output_mode: OutputMode,
                    output_return_period: Optional[int] = None) -> Options:
+        """Which results of a call's device iterations are returned:
+        ``All``, ``Final``, ``EveryN`` (every ``output_return_period``-th),
+        ``Sum``, or ``Default`` (``Final`` for training, ``All`` for inference).
+        A period given with another mode than ``EveryN`` is ignored (logged)."""
         mode = _enum("outputMode", OutputMode, output_mode)
         if mode == OutputMode.EveryN:
             if output_return_period is None:
                 raise Error("outputMode(OutputMode.EveryN) needs output_return_period: pass "
                             "outputMode(OutputMode.EveryN, N) with N >= 1")
             period = _int("outputMode", output_return_period, 1, "output_return_period")
-        elif output_return_period is not None:
-            raise Error(f"outputMode({_show(mode)}) takes no output_return_period (got "
-                        f"{output_return_period!r}): it is only used with OutputMode.EveryN")
         else:
+            if output_return_period is not None:
+                logger.info("outputMode(%s, %r): the output return period is only used "
+                            "with OutputMode.EveryN and is ignored", _show(mode),
+                            output_return_period)
             period = 1
         self._set("output_mode", mode)
         return self._set("output_return_period", period)
 
-    def randomSeed(self, random_seed: int) -> Options:
-        seed = _int("randomSeed", random_seed, 0, "the seed")
-        if seed >= 2**64:
-            raise Error(f"randomSeed({seed}) is too large: the seed must be below 2**64")
-        return self._set("random_seed", seed)
-
-    def enableExecutableCaching(self, path: Optional[Union[str, os.PathLike[str]]]) -> Options:
-        """PopTorch caches executables in ``path``; here the in-memory cache
-        always serves, and the path is stored and logged (see _NOT_HONOURED)."""
-        return self._set_not_honoured(
-            "enableExecutableCaching", "executable_cache_dir",
-            None if path is None else _str("enableExecutableCaching", path))
-
-    # -- options the emulator stores but does not act on (see _NOT_HONOURED)
-    def useIpuModel(self, use_model: bool) -> Options:
-        return self._set_not_honoured("useIpuModel", "use_ipu_model",
-                                      _bool("useIpuModel", use_model))
-
-    def autoRoundNumIPUs(self, auto_round: bool) -> Options:
-        return self._set_not_honoured("autoRoundNumIPUs", "auto_round_num_ipus",
-                                      _bool("autoRoundNumIPUs", auto_round))
-
-    def setExecutionStrategy(self, strategy: Any) -> Options:
-        return self._set_not_honoured("setExecutionStrategy", "execution_strategy", strategy)
-
-    def ipuId(self, ipu_id: int) -> Options:
-        return self._set_not_honoured("ipuId", "ipu_id", _int("ipuId", ipu_id, 0, "the IPU id"))
-
-    def connectionType(self, connection_type: ConnectionType) -> Options:
-        return self._set_not_honoured("connectionType", "connection_type", _enum(
-            "connectionType", ConnectionType, connection_type))
-
-    def syncPattern(self, sync_pattern: SyncPattern) -> Options:
-        return self._set_not_honoured("syncPattern", "sync_pattern",
-                                      _enum("syncPattern", SyncPattern, sync_pattern))
-
-    def enableSyntheticData(self, enabled: bool) -> Options:
-        return self._set_not_honoured("enableSyntheticData", "synthetic_data",
-                                      _bool("enableSyntheticData", enabled))
-
-    def enableProfiling(self, profile_dir: Union[str, os.PathLike[str]] = "profile") -> Options:
-        return self._set_not_honoured("enableProfiling", "profile_dir",
-                                      _str("enableProfiling", profile_dir))
-
-    def logDir(self, log_dir: Union[str, os.PathLike[str]]) -> Options:
-        return self._set_not_honoured("logDir", "log_dir", _str("logDir", log_dir))
-
-    def logCycleCount(self, log_cycle_count: bool) -> Options:
-        return self._set_not_honoured("logCycleCount", "log_cycle_count",
-                                      _bool("logCycleCount", log_cycle_count))
-
-    def broadcastBuffers(self, broadcast_buffers: bool) -> Options:
-        return self._set_not_honoured("broadcastBuffers", "broadcast_buffers",
-                                      _bool("broadcastBuffers", broadcast_buffers))
+    def defaultOutputMode(self) -> bool:
+        """True while ``outputMode`` is ``OutputMode.Default``."""
+        return self.output_mode == OutputMode.Default
 
     def anchorTensor(self, short_name: str, long_name: str,
                      output_mode: Optional[OutputMode] = None,
                      output_return_period: Optional[int] = None) -> Options:
-        entry = (_str("anchorTensor", short_name), _str("anchorTensor", long_name),
+        """PopTorch returns the tensor ``long_name`` from every call, read with
+        ``getAnchoredTensor(short_name)``; ``output_mode`` and
+        ``output_return_period`` work as in :meth:`outputMode`. The emulator
+        validates and stores the anchor but cannot return it yet (logged).
+        Anchoring a name again replaces it."""
+        short = _str("anchorTensor", short_name)
+        entry = (short, _str("anchorTensor", long_name),
                  None if output_mode is None else _enum("anchorTensor", OutputMode, output_mode),
-                 output_return_period)
-        _log_if_not_honoured("anchorTensor", entry)
-        return self._set("anchored_tensors", self.anchored_tensors + (entry,))
+                 None)
+        if output_mode == OutputMode.EveryN:
+            if output_return_period is None:
+                raise Error("anchorTensor with OutputMode.EveryN needs output_return_period")
+            entry = entry[:3] + (_int("anchorTensor", output_return_period, 1,
+                                      "output_return_period"),)
+        _log_if_not_honoured("anchorTensor", entry[:2])
+        kept = tuple(e for e in self.anchored_tensors if e[0] != short)
+        return self._set("anchored_tensors", kept + (entry,))
+
+    def randomSeed(self, random_seed: int) -> Options:
+        """Seeds the device's random generator, and, as PopTorch does, the host's
+        (``torch.manual_seed``)."""
+        seed = _int("randomSeed", random_seed, 0, "the seed")
+        if seed >= 2**64:
+            raise Error(f"randomSeed({seed}) is too large: the seed must be below 2**64")
+        torch.manual_seed(seed)
+        return self._set("random_seed", seed)
+
+    # -- buffers, optimiser, compilation
+    def updatableNamedBuffers(self, buffers: List[str]) -> Options:
+        """Names of the model's buffers that
+        :meth:`~poptorch.PoplarExecutor.copyNamedBuffersToDevice` copies to the
+        device (the others keep their device values)."""
+        if isinstance(buffers, str) or not all(isinstance(b, str) and b for b in buffers):
+            raise Error(f"updatableNamedBuffers takes a list of buffer names, got {buffers!r}")
+        return self._set("updatable_named_buffers", tuple(buffers))
+
+    def relaxOptimizerAttributesChecks(self, relax: bool = True) -> Options:
+        """Log the optimiser attributes that the IPU's update ignores at DEBUG
+        (True) instead of WARN (False, the default)."""
+        return self._set("relax_optimizer_attributes_checks",
+                         _bool("relaxOptimizerAttributesChecks", relax))
+
+    def showCompilationProgressBar(self, show: bool = True) -> Options:
+        """Show (default) or hide the progress bar of the first compilation."""
+        return self._set("show_compilation_progress_bar",
+                         _bool("showCompilationProgressBar", show))
+
+    def enableExecutableCaching(self, path: Optional[Union[str, os.PathLike[str]]]) -> Options:
+        """PopTorch caches executables in ``path`` (None: off); here the
+        in-memory cache always serves, and the path is stored (logged)."""
+        return self._set_not_honoured(
+            "enableExecutableCaching", "executable_cache_dir",
+            None if path is None else _str("enableExecutableCaching", path))
+
+    def sourceLocationExcludes(self, excludes: List[str]) -> Options:
+        """Replaces the path fragments of the frames skipped when PopTorch names
+        the source line of an op. The emulator's errors name the first frame
+        outside torch and poptorch (logged)."""
+        if isinstance(excludes, str) or not all(isinstance(e, str) for e in excludes):
+            raise Error(f"sourceLocationExcludes takes a list of strings, got {excludes!r}")
+        _log_if_not_honoured("sourceLocationExcludes", list(excludes))
+        return self._set("source_location_excludes", tuple(excludes))
+
+    def appendToLocationExcludes(self, *excludes: str) -> Options:
+        """Adds path fragments to :meth:`sourceLocationExcludes`."""
+        return self.sourceLocationExcludes(list(self.source_location_excludes) + list(excludes))
+
+    # -- what the IPU hardware does, which the emulator does not (see _NOT_HONOURED)
+    def useIpuModel(self, use_model: bool) -> Options:
+        """Run on the IPU Model (True) or on IPU hardware. There is no hardware
+        here: the IPU Model always runs (False is logged)."""
+        return self._set_not_honoured("useIpuModel", "use_ipu_model",
+                                      _bool("useIpuModel", use_model))
+
+    def useIpuId(self, ipu_id: int) -> Options:
+        """The id (from ``gc-info``) of the IPU device to run on. There is one
+        emulated device (logged)."""
+        return self._set_not_honoured("useIpuId", "ipu_id",
+                                      _int("useIpuId", ipu_id, 0, "the IPU id"))
+
+    def useOfflineIpuTarget(self, ipu_version: int = 2) -> Options:
+        """Compile for an IPU of ``ipu_version`` (1, 2 or 21) that is not
+        attached (``ConnectionType.Never``). The emulated IPU Model is always
+        attached, so models compiled this way also run (logged)."""
+        version = _int("useOfflineIpuTarget", ipu_version, 1, "the IPU version")
+        if version not in (1, 2, 21):
+            raise Error(f"useOfflineIpuTarget({version}) is invalid: the IPU version is 1, 2 "
+                        "or 21")
+        self._set("connection_type", ConnectionType.Never)
+        return self._set_not_honoured("useOfflineIpuTarget", "ipu_version", version)
+
+    def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> Options:
+        """Round the number of IPUs a model uses up to a power of 2."""
+        return self._set_not_honoured("autoRoundNumIPUs", "auto_round_num_ipus",
+                                      _bool("autoRoundNumIPUs", auto_round_num_ipus))
+
+    def setExecutionStrategy(self, strategy: Any) -> Options:
+        """How a model annotated with blocks is split over IPUs."""
+        return self._set_not_honoured("setExecutionStrategy", "execution_strategy", strategy)
+
+    def connectionType(self, connection_type: ConnectionType) -> Options:
+        """When to attach to the IPU: ``Always``, ``OnDemand`` or ``Never``.
+        The emulated IPU is always attached (others are logged)."""
+        return self._set_not_honoured("connectionType", "connection_type", _enum(
+            "connectionType", ConnectionType, connection_type))
+
+    def syncPattern(self, sync_pattern: SyncPattern) -> Options:
+        """How IPUs synchronise with the host and each other."""
+        return self._set_not_honoured("syncPattern", "sync_pattern",
+                                      _enum("syncPattern", SyncPattern, sync_pattern))
+
+    def setAvailableMemoryProportion(self, available_memory_proportion: Dict[str, float]
+                                     ) -> Options:
+        """Proportion of each IPU's tile memory that convolutions and matmuls
+        may use for temporaries, as ``{"IPU0": 0.5}``: a value above 0 and at
+        most 1 per IPU."""
+        proportions = {}
+        for key, value in dict(available_memory_proportion).items():
+            if not isinstance(key, str) or not key.startswith("IPU") or not key[3:].isdigit():
+                raise Error(f"setAvailableMemoryProportion takes keys such as 'IPU0', got {key!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not 0 < value <= 1:
+                raise Error(f"setAvailableMemoryProportion: {key} must map to a proportion "
+                            f"above 0 and at most 1, got {value!r}")
+            proportions[int(key[3:])] = float(value)
+        return self._set_not_honoured("setAvailableMemoryProportion",
+                                      "available_memory_proportion", proportions)
+
+    def enableStableNorm(self, enabled: bool) -> Options:
+        """Use the stable, slower form of norm operators. The host's norm
+        kernels are always the stable ones (False is logged)."""
+        return self._set_not_honoured("enableStableNorm", "stable_norm",
+                                      _bool("enableStableNorm", enabled))
+
+    def enableSyntheticData(self, enabled: bool) -> Options:
+        """Generate inputs on the device instead of reading the host's."""
+        return self._set_not_honoured("enableSyntheticData", "synthetic_data",
+                                      _bool("enableSyntheticData", enabled))
+
+    def enableProfiling(self, profile_dir: Union[str, os.PathLike[str]] = "profile") -> Options:
+        """Write PopVision profiling reports to ``profile_dir``."""
+        return self._set_not_honoured("enableProfiling", "profile_dir",
+                                      _str("enableProfiling", profile_dir))
+
+    def modelName(self, name: str) -> Options:
+        """The model's name, which names its profiling reports."""
+        return self._set_not_honoured("modelName", "model_name", _str("modelName", name))
+
+    def logDir(self, log_dir: Union[str, os.PathLike[str]]) -> Options:
+        """Where PopTorch writes its log files."""
+        return self._set_not_honoured("logDir", "log_dir", _str("logDir", log_dir))
+
+    def logCycleCount(self, log_cycle_count: bool) -> Options:
+        """Count and log the IPU cycles of each run."""
+        return self._set_not_honoured("logCycleCount", "log_cycle_count",
+                                      _bool("logCycleCount", log_cycle_count))
+
+    def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:
+        """Broadcast buffers to every replica on each run (True) or give each
+        replica buffers of its own (False)."""
+        return self._set_not_honoured("broadcastBuffers", "broadcast_buffers",
+                                      _bool("broadcastBuffers", broadcast_buffers))
+
+    def disableModuleNamescope(self) -> Options:
+        """Stop naming ops after the modules that run them."""
+        return self._set_not_honoured("disableModuleNamescope", "module_namescope", False)
 
     # -- whole object
     def _items(self) -> Iterator[Tuple[str, Any, Any]]:
@@ -531,6 +749,10 @@ class Options(_Settings):
         for group in self._GROUPS:
             for name, value, default in getattr(self, group)._items():
                 yield f"{group}.{name}", value, default
+
+    def clone(self) -> Options:
+        """A deep copy of these options."""
+        return copy.deepcopy(self)
 
     def loadFromFile(self, filepath: Union[str, os.PathLike[str]]) -> Options:
         """Applies each line of a config file: ``deviceIterations(4)``,
@@ -540,73 +762,5 @@ class Options(_Settings):
         with literal arguments or enum members; empty lines and ``#`` comments
         are skipped. A bad line raises :class:`Error` naming the file and line.
         """
-        path = os.fspath(filepath)
-        with open(path, encoding="utf-8") as config:
-            lines = config.read().splitlines()
-        for number, line in enumerate(lines, start=1):
-            line = line.strip()
-            if line and not line.startswith("#"):
-                try:
-                    _apply_config_line(self, line)
-                except Error as error:
-                    raise Error(f"{path}:{number}: {line!r}: {error}") from None
+        load_config_file(self, filepath)
         return self
-
-
-# --- config files -----------------------------------------------------------
-
-def _dotted(node: ast.expr) -> Optional[List[str]]:
-    """``a.b.c`` -> ["a", "b", "c"]; None if the node is not a dotted name."""
-    if isinstance(node, ast.Name):
-        return [node.id]
-    if isinstance(node, ast.Attribute):
-        head = _dotted(node.value)
-        return None if head is None else head + [node.attr]
-    return None
-
-
-def _config_value(node: ast.expr) -> Any:
-    """A literal, an enum member of this module or a torch dtype."""
-    name = _dotted(node)
-    if name is None:
-        try:
-            return ast.literal_eval(node)
-        except (ValueError, TypeError, RecursionError):
-            raise Error(f"{ast.unparse(node)!r} is not a literal") from None
-    if name[:2] == ["poptorch", "options"]:
-        name = name[2:]
-    elif name[:1] == ["poptorch"]:
-        name = name[1:]
-    enum_class = _CONFIG_ENUMS.get(name[0]) if len(name) == 2 else None
-    if enum_class is not None and name[1] in enum_class.__members__:
-        return enum_class[name[1]]
-    if len(name) == 2 and name[0] == "torch" and isinstance(getattr(torch, name[1], None),
-                                                            torch.dtype):
-        return getattr(torch, name[1])
-    raise Error(f"{'.'.join(name)!r} is not a literal or a member of "
-                f"{', '.join(_CONFIG_ENUMS)}")
-
-
-def _apply_config_line(options: Options, line: str) -> None:
-    try:
-        tree = ast.parse(line, mode="eval").body
-    except SyntaxError as error:
-        raise Error(f"not a Python expression ({error.msg})") from None
-    path = _dotted(tree.func) if isinstance(tree, ast.Call) else None
-    if path is None or not (len(path) == 1 or (len(path) == 2 and path[0] in Options._GROUPS)):
-        raise Error("expected one option setter call such as deviceIterations(4) or "
-                    "Training.gradientAccumulation(2)")
-    target: _Settings = getattr(options, path[0]) if len(path) == 2 else options
-    method = inspect.getattr_static(type(target), path[-1], None)
-    if (not inspect.isfunction(method) or path[-1].startswith("_")
-            or path[-1] in ("loadFromFile", "toDict")):
-        raise Error(f"{'.'.join(path)} is not an option setter")
-    if any(kw.arg is None for kw in tree.keywords):
-        raise Error("** arguments are not supported")
-    args = [_config_value(arg) for arg in tree.args]
-    kwargs = {kw.arg: _config_value(kw.value) for kw in tree.keywords if kw.arg is not None}
-    try:
-        inspect.signature(method).bind(target, *args, **kwargs)
-    except TypeError as error:
-        raise Error(f"wrong arguments for {'.'.join(path)}: {error}") from None
-    method(target, *args, **kwargs)

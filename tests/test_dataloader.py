@@ -7,13 +7,13 @@ import time
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
-from poptorch._dataloader import (AsynchronousDataAccessor, DataLoader, DataLoaderMode,
-                                  SharingStrategy)
-from poptorch._errors import Error
+import poptorch
+from poptorch import (AsynchronousDataAccessor, DataLoader, DataLoaderMode, Error, Options,
+                      SharingStrategy)
 from poptorch._logging import logger
-from poptorch.options import Options
 
 
 @pytest.fixture
@@ -67,6 +67,23 @@ class Counting(Dataset):
         return torch.tensor([index])
 
 
+def same_batches(got, expected):
+    """Batch lists equal leaf for leaf (tensors by value, other leaves by ==)."""
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        leaves_a, spec_a = pytree.tree_flatten(a)
+        leaves_b, spec_b = pytree.tree_flatten(b)
+        assert spec_a == spec_b
+        for x, y in zip(leaves_a, leaves_b):
+            assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+    return True
+
+
+def torch_batches(dataset, batch_size, **kwargs):
+    """What torch's DataLoader yields for one combined batch per batch."""
+    return list(torch.utils.data.DataLoader(dataset, batch_size=batch_size, **kwargs))
+
+
 @pytest.mark.parametrize("batch_size, device_iterations, replicas, accumulation", [
     (1, 1, 1, 1), (4, 1, 1, 1), (2, 3, 1, 1), (2, 1, 2, 1), (1, 1, 1, 5), (2, 3, 2, 2),
 ])
@@ -79,6 +96,16 @@ def test_batches_hold_one_combined_batch(batch_size, device_iterations, replicas
     assert len(loader) == len(batches) == 100 // combined
     assert all(len(batch) == combined for batch in batches)
     assert sum(batches, []) == list(range(len(batches) * combined)), "in order, none skipped"
+    assert same_batches(list(loader), torch_batches(numbered(100), combined, drop_last=True))
+
+
+def test_replicas_of_one_input_group_share_their_samples():
+    opts = options(2, 4)
+    opts.inputReplicaGrouping(2, poptorch.CommGroupType.Orthogonal)
+    loader = DataLoader(opts, numbered(30), batch_size=3)
+    assert loader.combinedBatchSize == 3 * 2 * (4 // 2) and len(loader) == 2
+    with pytest.raises(Error, match=r"replicationFactor that is a multiple of 3"):
+        DataLoader(options(1, 4).inputReplicaGrouping(3), numbered(30))
 
 
 def test_options_property_and_argument_checks():
@@ -93,6 +120,13 @@ def test_options_property_and_argument_checks():
     with pytest.raises(Error, match="rebatched_worker_size must be an integer from 1 to .* 4"):
         DataLoader(opts, numbered(8), batch_size=4, mode=DataLoaderMode.AsyncRebatched,
                    rebatched_worker_size=5)
+    with pytest.raises(Error, match="AsyncRebatched needs a batch_size"):
+        DataLoader(opts, numbered(8), batch_size=None, mode=DataLoaderMode.AsyncRebatched)
+    with pytest.raises(Error, match="cannot set rebatched_size"):
+        DataLoader(opts, numbered(8), mode=DataLoaderMode.Async,
+                   async_options={"rebatched_size": 2})
+    with pytest.raises(ValueError, match="prefetch_factor"):  # torch's own checks still apply
+        DataLoader(opts, numbered(8), prefetch_factor=2)
 
 
 def test_too_small_a_dataset_is_an_error():
@@ -102,23 +136,14 @@ def test_too_small_a_dataset_is_an_error():
         DataLoader(options(3, 2), numbered(11), batch_size=2)
 
 
-def test_shuffle_is_deterministic_with_a_seeded_generator():
-    def epoch(seed):
-        return indices(DataLoader(options(2), numbered(40), batch_size=5, shuffle=True,
-                                  generator=torch.Generator().manual_seed(seed)))
-    first = epoch(0)
-    assert first == epoch(0)
-    assert first != epoch(1)
-    assert first != indices(DataLoader(options(2), numbered(40), batch_size=5))
-    assert sorted(sum(first, [])) == list(range(40))
-
-
-def test_drop_last_false_warns_and_drops_the_incomplete_batch(log):
+def test_drop_last_false_returns_the_incomplete_batch_as_torch_does(log):
     loader = DataLoader(options(2), numbered(25), batch_size=3, drop_last=False)
-    assert [len(b) for b in indices(loader)] == [6, 6, 6, 6] and len(loader) == 4
-    warnings = [r for r in log.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert "the last 1 samples will be dropped" in warnings[0].getMessage()
+    assert [len(b) for b in indices(loader)] == [6, 6, 6, 6, 1] and len(loader) == 5
+    assert same_batches(list(loader), torch_batches(numbered(25), 6))
+    warnings = [r.getMessage() for r in log.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "the last batch will hold 1 samples" in warnings[0]
+    small = DataLoader(options(2), numbered(5), batch_size=3, drop_last=False)
+    assert indices(small) == [[0, 1, 2, 3, 4]] and len(small) == 1
 
 
 @pytest.mark.parametrize("n, drop_last", [(25, True), (24, False)])
@@ -127,19 +152,144 @@ def test_no_warning_when_nothing_unexpected_is_dropped(log, n, drop_last):
     assert not [r for r in log.records if r.levelno >= logging.WARNING]
 
 
+def seeded(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def keyed(samples):
+    """A collate_fn returning a dict and a plain list."""
+    return {"x": torch.stack([x for x, _ in samples]), "ids": [int(i) for _, i in samples]}
+
+
+def seed_worker(worker_id):
+    torch.manual_seed(1000 + worker_id)
+
+
+@pytest.mark.parametrize("make_kwargs", [
+    lambda: dict(shuffle=True, generator=seeded(3)),
+    lambda: dict(sampler=torch.utils.data.SubsetRandomSampler(range(5, 40), generator=seeded(4))),
+    lambda: dict(sampler=torch.utils.data.WeightedRandomSampler([1.0] * 40, 30,
+                                                                generator=seeded(5))),
+    lambda: dict(collate_fn=keyed),
+    lambda: dict(shuffle=True, generator=seeded(6), drop_last=False),
+    lambda: dict(num_workers=2, worker_init_fn=seed_worker, prefetch_factor=3),
+    lambda: dict(num_workers=2, persistent_workers=False, timeout=30, shuffle=True,
+                 generator=seeded(7)),
+    lambda: dict(num_workers=1, collate_fn=keyed, drop_last=False, in_order=True),
+], ids=["shuffle", "subset-sampler", "weighted-sampler", "collate_fn", "no-drop-last",
+        "workers", "workers-not-persistent", "one-worker"])
+def test_torch_dataloader_arguments_give_torch_batches(make_kwargs):
+    """Each argument does what it does in torch: same batches as torch's
+    DataLoader with the combined batch size (fresh generators of one seed)."""
+    dataset = numbered(40)
+    kwargs = make_kwargs()
+    drop_last = kwargs.pop("drop_last", True)
+    loader = DataLoader(options(2, 1, 2), dataset, batch_size=3, drop_last=drop_last, **kwargs)
+    kwargs = make_kwargs()
+    kwargs.pop("drop_last", None)
+    reference = torch.utils.data.DataLoader(dataset, batch_size=12, drop_last=drop_last, **kwargs)
+    for _ in range(2):  # two epochs: the generators go on
+        expected = within(60, lambda: list(reference))
+        assert same_batches(within(60, lambda: list(loader)), expected)
+        assert len(loader) == len(reference) == len(expected)
+
+
+def test_pin_memory_is_accepted_and_does_nothing(recwarn):
+    loader = DataLoader(options(2), numbered(8), batch_size=2, pin_memory=True,
+                        pin_memory_device="ipu")
+    assert same_batches(list(loader), torch_batches(numbered(8), 4))
+    assert not [w for w in recwarn if "pin_memory" in str(w.message)]
+
+
+def micro_batch_sampler(n, size, drop_last=False):
+    return torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(range(n)), size,
+                                         drop_last)
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_batch_sampler_yields_the_micro_batches(drop_last):
+    """Each combined batch holds the samples of 3 consecutive batches of the sampler."""
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(
+        range(40), generator=seeded(1)), 2, drop_last=True)
+    loader = DataLoader(options(3), numbered(40), batch_sampler=sampler, drop_last=drop_last)
+    assert loader.combinedBatchSize is None
+    sampler.sampler.generator.manual_seed(1)
+    micro = list(torch.utils.data.DataLoader(numbered(40), batch_sampler=sampler))
+    groups = [micro[i:i + 3] for i in range(0, len(micro), 3)]
+    if drop_last:
+        groups = [g for g in groups if len(g) == 3]
+    expected = [[torch.cat(column) for column in zip(*group)] for group in groups]
+    sampler.sampler.generator.manual_seed(1)
+    assert same_batches(list(loader), expected)
+    assert len(loader) == len(expected) == (6 if drop_last else 7)
+
+
+def test_batch_sampler_checks():
+    with pytest.raises(Error, match="cannot be combined with batch_size"):
+        DataLoader(options(), numbered(8), batch_size=2, batch_sampler=micro_batch_sampler(8, 2))
+    with pytest.raises(Error, match="cannot be combined with batch_size"):
+        DataLoader(options(), numbered(8), shuffle=True, batch_sampler=micro_batch_sampler(8, 2))
+    uneven = DataLoader(options(3), numbered(8), batch_sampler=micro_batch_sampler(8, 3))
+    with pytest.raises(Error, match=r"micro-batches of \[2, 3\] samples"):
+        list(uneven)
+    with pytest.raises(Error, match="cannot split a dataset read through your sampler"):
+        DataLoader(options_with(0, 2), numbered(8), batch_sampler=micro_batch_sampler(8, 2))
+
+
+def test_batch_size_none_takes_the_items_as_batches():
+    dataset = [torch.full((4, 2), float(i)) for i in range(5)]
+    loader = DataLoader(options(2), dataset, batch_size=None)
+    assert loader.combinedBatchSize is None and len(loader) == 5
+    assert same_batches(list(loader), torch_batches(dataset, None))
+
+
 class Stream(IterableDataset):
-    def __init__(self, n):
-        self.n = n
+    """0..n-1; with several workers each yields its share."""
+
+    def __init__(self, n, sized=False):
+        self.n, self.sized = n, sized
 
     def __iter__(self):
-        return iter(torch.arange(self.n))
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return iter(torch.arange(self.n))
+        share = -(-self.n // info.num_workers)
+        return iter(torch.arange(info.id * share, min(self.n, (info.id + 1) * share)))
+
+    def __len__(self):
+        if not self.sized:
+            raise TypeError("no len")
+        return self.n
 
 
-def test_iterable_dataset():
-    loader = DataLoader(options(2), Stream(9), batch_size=2, drop_last=False)
-    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_iterable_dataset_as_torch(drop_last):
+    loader = DataLoader(options(2), Stream(9), batch_size=2, drop_last=drop_last)
+    assert same_batches(list(loader), torch_batches(Stream(9), 4, drop_last=drop_last))
     with pytest.raises(Error, match="auto_distributed_partitioning cannot split"):
         DataLoader(options_with(0, 2), Stream(8))
+
+
+def test_iterable_dataset_read_by_workers():
+    """drop_last=True: torch's batches (each worker drops its own short batch);
+    drop_last=False: the workers' short batches are regrouped into combined
+    batches, so only the last batch of the epoch is short."""
+    kept = DataLoader(options(2), Stream(22), batch_size=2, num_workers=2,
+                      worker_init_fn=seed_worker)
+    assert same_batches(within(60, lambda: list(kept)),
+                        torch_batches(Stream(22), 4, num_workers=2, drop_last=True))
+    every = DataLoader(options(2), Stream(22, sized=True), batch_size=2, num_workers=2,
+                       drop_last=False, worker_init_fn=seed_worker)
+    batches = within(60, lambda: list(every))
+    reference = torch_batches(Stream(22), 4, num_workers=2)
+    assert [len(b) for b in reference] == [4, 4, 4, 4, 3, 3]
+    assert [len(b) for b in batches] == [4, 4, 4, 4, 4, 2] and len(every) == 6
+    assert torch.equal(torch.cat(batches), torch.cat(reference)), "torch's samples, in order"
+
+
+def test_iterable_dataset_read_by_workers_without_init_fn_warns(log):
+    DataLoader(options(), Stream(8), num_workers=2)
+    assert any("each sample is loaded 2 times" in r.getMessage() for r in log.records)
 
 
 def test_distributed_partitioning_gives_each_process_its_own_share():
@@ -150,6 +300,8 @@ def test_distributed_partitioning_gives_each_process_its_own_share():
     whole = DataLoader(options_with(1, 3), numbered(40), batch_size=2,
                        auto_distributed_partitioning=False)
     assert len(whole) == 10
+    with pytest.raises(Error, match="cannot split a dataset read through your sampler"):
+        DataLoader(options_with(0, 2), numbered(8), sampler=range(8))
 
 
 @pytest.mark.parametrize("mode, worker_size", [
@@ -164,13 +316,23 @@ def test_async_modes_yield_the_sync_batches(mode, worker_size, drop_last):
                           drop_last=drop_last, generator=torch.Generator().manual_seed(3),
                           mode=loader_mode, rebatched_worker_size=worker_size)
     sync, other = loader(DataLoaderMode.Sync), loader(mode)
-    assert len(other) == len(sync) == 4
+    assert len(other) == len(sync) == (4 if drop_last else 5)
     for _ in range(2):  # two epochs
         expected, got = list(sync), within(30, lambda: list(other))
-        assert len(got) == len(expected) == 4
-        for (x, i), (y, j) in zip(expected, got):
-            assert torch.equal(x, y) and torch.equal(i, j)
+        assert len(expected) == len(sync)
+        assert same_batches(got, expected)
     other.terminate()
+
+
+def test_async_rebatched_workers_of_an_iterable_dataset_drop_only_the_end():
+    loader = DataLoader(options(2), Stream(22, sized=True), batch_size=2, num_workers=2,
+                        worker_init_fn=seed_worker, mode=DataLoaderMode.AsyncRebatched,
+                        rebatched_worker_size=3)
+    batches = within(60, lambda: list(loader))
+    assert [len(b) for b in batches] == [4] * 5 and len(loader) == 5
+    loaded = torch.cat(torch_batches(Stream(22), 3, num_workers=2))
+    assert len(loaded) == 22 and torch.equal(torch.cat(batches), loaded[:20])
+    loader.terminate()
 
 
 class Records(Dataset):
@@ -187,6 +349,7 @@ def test_rebatching_keeps_the_structure_of_batches():
     batches = within(30, lambda: list(loader))
     assert [b["label"].tolist() for b in batches] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
     assert batches[1]["x"].shape == (3, 2) and batches[1]["x"][0].tolist() == [3.0, 3.0]
+    loader.terminate()
 
 
 # --- AsynchronousDataAccessor -----------------------------------------------

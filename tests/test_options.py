@@ -6,10 +6,12 @@ import pickle
 import pytest
 import torch
 
-from poptorch._errors import Error
+import poptorch
+from poptorch import (CommGroupType, ConnectionType, Error, HalfFloatCastingBehavior,
+                      MeanReductionStrategy, Options, OutputMode, ReductionType, SyncPattern,
+                      TensorLocationSettings)
 from poptorch._logging import logger
-from poptorch.options import (_NOT_HONOURED, ConnectionType, HalfFloatCastingBehavior, Options,
-                              OutputMode, ReductionType, SyncPattern, TensorLocationSettings)
+from poptorch.options import _NOT_HONOURED
 
 
 @pytest.fixture
@@ -71,7 +73,7 @@ def test_groups_are_independent_between_instances():
     (lambda o: o.randomSeed(-1), r"randomSeed\(-1\)"),
     (lambda o: o.randomSeed(2**64), "below 2\\*\\*64"),
     (lambda o: o.useIpuModel("yes"), "useIpuModel takes True or False"),
-    (lambda o: o.outputMode("All"), "outputMode takes one of OutputMode.All"),
+    (lambda o: o.outputMode("All"), "outputMode takes one of OutputMode.Final"),
     (lambda o: o.outputMode(2), "outputMode takes one of"),
     (lambda o: o.enableExecutableCaching(""), "enableExecutableCaching takes a non-empty"),
     (lambda o: o.Training.accumulationAndReplicationReductionType("Sum"), "ReductionType.Mean"),
@@ -80,6 +82,27 @@ def test_groups_are_independent_between_instances():
     (lambda o: o.Distributed.configureProcessId(2, 2), "less than the number of processes"),
     (lambda o: o.Distributed.configureProcessId(0, 0), "the number of processes"),
     (lambda o: o.connectionType("Always"), "ConnectionType.OnDemand"),
+    (lambda o: o.inputReplicaGrouping(0), r"inputReplicaGrouping\(0\) is invalid"),
+    (lambda o: o.inputReplicaGrouping(2, CommGroupType.All), "Consecutive or CommGroupType.Orth"),
+    (lambda o: o.inputReplicaGrouping(2, 1), "inputReplicaGrouping takes one of CommGroupType"),
+    (lambda o: o.useOfflineIpuTarget(3), "the IPU version is 1, 2 or 21"),
+    (lambda o: o.updatableNamedBuffers("running_mean"), "takes a list of buffer names"),
+    (lambda o: o.updatableNamedBuffers([""]), "takes a list of buffer names"),
+    (lambda o: o.setAvailableMemoryProportion({"GPU0": 0.5}), "keys such as 'IPU0'"),
+    (lambda o: o.setAvailableMemoryProportion({"IPU0": 0}), "above 0 and at most 1"),
+    (lambda o: o.TensorLocations.numIOTiles(33), "an even number from 32 to 192"),
+    (lambda o: o.TensorLocations.numIOTiles(16), r"numIOTiles\(16\) is invalid"),
+    (lambda o: o.Training.accumulationAndReplicationReductionType(ReductionType.NoReduction),
+     "got ReductionType.NoReduction"),
+    (lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy("Post"),
+     "MeanReductionStrategy.Running"),
+    (lambda o: o.Precision.enableFloatingPointExceptions(1), "takes True or False"),
+    (lambda o: o.relaxOptimizerAttributesChecks("yes"), "takes True or False"),
+    (lambda o: o.showCompilationProgressBar(None), "takes True or False"),
+    (lambda o: o.sourceLocationExcludes("torch"), "takes a list of strings"),
+    (lambda o: o.anchorTensor("grad", "Gradient___fc.bias", OutputMode.EveryN),
+     "needs output_return_period"),
+    (lambda o: o.anchorTensor("", "Gradient___fc.bias"), "non-empty string"),
 ])
 def test_invalid_values_raise_error(call, message):
     opts = Options()
@@ -106,12 +129,48 @@ def test_output_mode_every_n_needs_a_positive_period():
 
 @pytest.mark.parametrize("mode", [OutputMode.All, OutputMode.Final, OutputMode.Sum,
                                   OutputMode.Default])
-def test_other_output_modes_take_no_period(mode):
+def test_other_output_modes_ignore_a_period(log, mode):
+    """As in PopTorch: the period is ignored, with an INFO message."""
     opts = Options().outputMode(OutputMode.EveryN, 4)
-    with pytest.raises(Error, match="only used with OutputMode.EveryN"):
-        opts.outputMode(mode, 2)
+    assert opts.outputMode(mode, 2) is opts
+    assert (opts.output_mode, opts.output_return_period) == (mode, 1)
+    assert messages(log) == [f"outputMode(OutputMode.{mode.name}, 2): the output return period "
+                             "is only used with OutputMode.EveryN and is ignored"]
     opts.outputMode(mode)
     assert (opts.output_mode, opts.output_return_period) == (mode, 1)
+
+
+def test_input_replica_grouping():
+    opts = Options().replicationFactor(4)
+    assert opts.input_group_count == 4
+    assert opts.inputReplicaGrouping(2, CommGroupType.Orthogonal) is opts
+    assert (opts.input_group_size, opts.input_group_type, opts.input_group_count) == (
+        2, CommGroupType.Orthogonal, 2)
+    opts.replicationFactor(6).inputReplicaGrouping(4)
+    with pytest.raises(Error, match=r"a replicationFactor that is a multiple of 4, got "
+                                    r"replicationFactor\(6\)"):
+        opts.input_group_count  # pylint: disable=pointless-statement
+
+
+def test_anchor_tensor_entries():
+    opts = Options().anchorTensor("grad", "Gradient___fc.bias")
+    opts.anchorTensor("w", "UpdatedVar___fc.weight", OutputMode.EveryN, 2)
+    opts.anchorTensor("grad", "Gradient___fc.weight", OutputMode.All, 3)  # replaces
+    assert opts.anchored_tensors == (("w", "UpdatedVar___fc.weight", OutputMode.EveryN, 2),
+                                     ("grad", "Gradient___fc.weight", OutputMode.All, None))
+
+
+def test_default_output_mode_clone_and_random_seed():
+    opts = Options()
+    assert opts.defaultOutputMode()
+    assert not opts.outputMode(OutputMode.Sum).defaultOutputMode()
+    clone = opts.clone()
+    clone.Training.gradientAccumulation(3)
+    assert clone.toDict() != opts.toDict() and clone.output_mode is OutputMode.Sum
+    Options().randomSeed(42)  # seeds the host too, as PopTorch does
+    first = torch.rand(3)
+    torch.manual_seed(42)
+    assert torch.equal(first, torch.rand(3))
 
 
 def test_cache_dir_defaults_to_environment(monkeypatch, tmp_path):
@@ -137,11 +196,11 @@ def test_tensor_location_settings():
     settings = TensorLocationSettings()
     assert settings.useOnChipStorage(False).minElementsForOffChip(128) is settings
     assert settings.useReplicatedTensorSharding(True).useIOTilesToLoad(True) is settings
-    assert settings.minElementsForReplicatedTensorSharding(64) is settings
+    assert settings.minElementsForReplicatedTensorSharding(64).useIOTilesToStore() is settings
     assert settings.toDict() == {"on_chip": False, "replicated_tensor_sharding": True,
                                  "min_elements_for_off_chip": 128,
                                  "min_elements_for_replicated_tensor_sharding": 64,
-                                 "io_tiles_to_load": True}
+                                 "io_tiles_to_load": True, "io_tiles_to_store": True}
     with pytest.raises(Error, match="minElementsForOffChip"):
         settings.minElementsForOffChip(-1)
     opts = Options()
@@ -202,6 +261,10 @@ def test_load_from_file(tmp_path):
         "randomSeed(42)",
         "Distributed.configureProcessId(1, 2)",
         "connectionType(ConnectionType.OnDemand)",
+        "inputReplicaGrouping(2, CommGroupType.Orthogonal)",
+        "Training.setMeanAccumulationAndReplicationReductionStrategy("
+        "poptorch.MeanReductionStrategy.Running)",
+        "updatableNamedBuffers(['bn.running_mean'])",
     )
     opts = Options()
     assert opts.loadFromFile(path) is opts
@@ -214,6 +277,9 @@ def test_load_from_file(tmp_path):
     assert opts.executable_cache_dir == "/tmp/cache"
     assert (opts.Distributed.process_id, opts.Distributed.num_processes) == (1, 2)
     assert opts.connection_type is ConnectionType.OnDemand
+    assert (opts.input_group_size, opts.input_group_type) == (2, CommGroupType.Orthogonal)
+    assert opts.Training.mean_reduction_strategy is MeanReductionStrategy.Running
+    assert opts.updatable_named_buffers == ("bn.running_mean",)
 
 
 def test_load_from_file_does_not_run_code(tmp_path):
@@ -239,6 +305,9 @@ def test_load_from_file_does_not_run_code(tmp_path):
     ("_set('device_iterations', 4)", "is not an option setter"),
     ("toDict()", "is not an option setter"),
     ("loadFromFile('poptorch.conf')", "is not an option setter"),
+    ("clone()", "is not an option setter"),
+    ("defaultOutputMode()", "is not an option setter"),
+    ("input_group_count()", "is not an option setter"),
     ("device_iterations(4)", "is not an option setter"),
     ("Unknown.deviceIterations(4)", "expected one option setter call"),
     ("noSuchOption(4)", "is not an option setter"),
@@ -262,17 +331,37 @@ def messages(log):
 @pytest.mark.parametrize("call, stored, logged", [
     (lambda o: o.useIpuModel(False), ("use_ipu_model", False), "useIpuModel(False)"),
     (lambda o: o.autoRoundNumIPUs(True), ("auto_round_num_ipus", True), "autoRoundNumIPUs(True)"),
-    (lambda o: o.ipuId(3), ("ipu_id", 3), "ipuId(3)"),
+    (lambda o: o.useIpuId(3), ("ipu_id", 3), "useIpuId(3)"),
     (lambda o: o.connectionType(ConnectionType.Never), ("connection_type", ConnectionType.Never),
      "connectionType(ConnectionType.Never)"),
+    (lambda o: o.syncPattern(SyncPattern.ReplicaAndLadder),
+     ("sync_pattern", SyncPattern.ReplicaAndLadder), "syncPattern(SyncPattern.ReplicaAndLadder)"),
     (lambda o: o.syncPattern(SyncPattern.SinglePipeline),
      ("sync_pattern", SyncPattern.SinglePipeline), "syncPattern(SyncPattern.SinglePipeline)"),
     (lambda o: o.enableProfiling("reports"), ("profile_dir", "reports"), "enableProfiling"),
     (lambda o: o.logDir("logs"), ("log_dir", "logs"), "logDir('logs')"),
     (lambda o: o.enableSyntheticData(True), ("synthetic_data", True), "enableSyntheticData"),
     (lambda o: o.broadcastBuffers(False), ("broadcast_buffers", False), "broadcastBuffers"),
-    (lambda o: o.anchorTensor("grad", "Gradient___x"),
-     ("anchored_tensors", (("grad", "Gradient___x", None, None),)), "anchorTensor"),
+    (lambda o: o.useOfflineIpuTarget(), ("ipu_version", 2), "useOfflineIpuTarget(2)"),
+    (lambda o: o.enableStableNorm(False), ("stable_norm", False), "enableStableNorm(False)"),
+    (lambda o: o.modelName("bert"), ("model_name", "bert"), "modelName('bert')"),
+    (lambda o: o.disableModuleNamescope(), ("module_namescope", False), "disableModuleNamescope"),
+    (lambda o: o.setAvailableMemoryProportion({"IPU1": 0.25}),
+     ("available_memory_proportion", {1: 0.25}), "setAvailableMemoryProportion({1: 0.25})"),
+    (lambda o: o.appendToLocationExcludes("my_lib"),
+     ("source_location_excludes", ("/torch/", "/poptorch/", "my_lib")),
+     "sourceLocationExcludes(['/torch/', '/poptorch/', 'my_lib'])"),
+    (lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy(
+        MeanReductionStrategy.Running), ("Training.mean_reduction_strategy",
+                                         MeanReductionStrategy.Running),
+     "MeanReductionStrategy.Running"),
+    (lambda o: o.Training.setConvolutionDithering(True), ("Training.convolution_dithering", True),
+     "Training.setConvolutionDithering(True)"),
+    (lambda o: o.Precision.enableFloatingPointExceptions(True),
+     ("Precision.floating_point_exceptions", True),
+     "Precision.enableFloatingPointExceptions(True)"),
+    (lambda o: o.TensorLocations.numIOTiles(64), ("TensorLocations.num_io_tiles", 64),
+     "TensorLocations.numIOTiles(64)"),
     (lambda o: o.setExecutionStrategy("sharded"), ("execution_strategy", "sharded"),
      "setExecutionStrategy"),
     (lambda o: o.Training.setAutomaticLossScaling(True),
@@ -311,6 +400,16 @@ def test_an_ignored_option_is_stored_and_logged_once(log, call, stored, logged):
     lambda o: o.deviceIterations(4).replicationFactor(2).randomSeed(1),
     lambda o: o.Training.gradientAccumulation(4),
     lambda o: o.outputMode(OutputMode.All),
+    lambda o: o.outputMode(OutputMode.EveryN, 2),
+    lambda o: o.inputReplicaGrouping(2, CommGroupType.Orthogonal),
+    lambda o: o.updatableNamedBuffers(["bn.running_mean"]),
+    lambda o: o.relaxOptimizerAttributesChecks(),
+    lambda o: o.showCompilationProgressBar(False),
+    lambda o: o.enableStableNorm(True),
+    lambda o: o.appendToLocationExcludes(),
+    lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy(
+        MeanReductionStrategy.Post),
+    lambda o: o.Precision.enableFloatingPointExceptions(False),
 ])
 def test_what_the_emulator_does_is_not_logged(log, call):
     call(Options())
@@ -325,3 +424,12 @@ def test_every_not_honoured_entry_names_a_setter():
         for group in groups:
             target = getattr(target, group)
         assert callable(getattr(target, method)), option
+
+
+def test_the_progress_bar_can_be_hidden(capsys):
+    model = torch.nn.Linear(3, 2)
+    poptorch_model = poptorch.inferenceModel(model, Options().showCompilationProgressBar(False))
+    poptorch_model(torch.ones(2, 3))
+    assert "Graph compilation" not in capsys.readouterr().err
+    poptorch.inferenceModel(model)(torch.ones(2, 3))
+    assert "Graph compilation" in capsys.readouterr().err
