@@ -12,14 +12,17 @@ loaded state (and hyper-parameters) to the device.
 from __future__ import annotations
 
 import inspect
+import logging
 import weakref
 from typing import Any, Dict, List, Set, Tuple
 
 import torch
 
 from . import _C
+from . import _update_rules as rules
 from . import optim as popoptim
 from ._errors import Error
+from ._logging import logger
 
 _GLOBAL_ATTRIBUTES = ("loss_scaling",)
 
@@ -36,13 +39,13 @@ def _torch_defaults(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
 def variable_attributes(optimizer: torch.optim.Optimizer, algorithm: str) -> Set[str]:
     """PopTorch's rules: for poptorch.optim, what the constructor was given (or
     markAsVariable says); for torch.optim, what differs from the defaults; lr always."""
-    if isinstance(optimizer, popoptim._PopTorchOptimizer):
-        names = popoptim.attribute_names(algorithm)
+    if isinstance(optimizer, popoptim.Optimizer):
+        names = type(optimizer)._attributes
         return {n for n in names if not optimizer.variable_attrs.isConstant(n)}
     defaults = _torch_defaults(optimizer)
     variables = {"lr"}
     for group in optimizer.param_groups:
-        for name, value in popoptim.group_hyperparameters(algorithm, group).items():
+        for name, value in rules.group_hyperparameters(algorithm, group).items():
             if name in defaults and value != defaults[name]:
                 variables.add(name)
     return variables
@@ -52,10 +55,13 @@ class DeviceOptimizer:
     """State and hyper-parameters of one optimiser on the IPU."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, device_params: Dict[int, torch.Tensor],
-                 device: torch.device) -> None:
-        self.algorithm = popoptim.algorithm_of(optimizer)
+                 device: torch.device, relax_checks: bool = False) -> None:
+        self.algorithm = rules.algorithm_of(optimizer)
         self.optimizer = optimizer
         self.device = device
+        self._relax_checks = relax_checks  # Options.relaxOptimizerAttributesChecks
+        self._reported: Set[str] = set()
+        self._report_ignored(optimizer)
         self.variables = variable_attributes(optimizer, self.algorithm)
         self.groups: List[Tuple[List[torch.Tensor], Dict[str, Any]]] = []
         self.state: Dict[int, Dict[str, torch.Tensor]] = {}
@@ -63,15 +69,50 @@ class DeviceOptimizer:
         for group in optimizer.param_groups:
             params = [device_params[id(p)] for p in group["params"] if id(p) in device_params]
             hyper = {name: self._value(name, value) for name, value in
-                     popoptim.group_hyperparameters(self.algorithm, group).items()}
+                     rules.group_hyperparameters(self.algorithm, group).items()}
             self.groups.append((params, hyper))
             for p in params:
-                self.state[id(p)] = popoptim.initial_state(self.algorithm, p, optimizer)
+                self.state[id(p)] = rules.initial_state(self.algorithm, p, optimizer)
         self.loss_scaling = self._value("loss_scaling", getattr(optimizer, "loss_scaling", 1.0))
         self.max_grad_norm = getattr(optimizer, "max_grad_norm", None)
         self._compiled_values = self._constants(optimizer)
         self._hooks: List[Any] = []
         self._attach(optimizer)
+
+    def _report_ignored(self, optimizer: torch.optim.Optimizer) -> None:
+        """Says once (WARN, or DEBUG with relaxOptimizerAttributesChecks) which
+        param group keys the update does not read."""
+        for index, group in enumerate(optimizer.param_groups):
+            for name, value in rules.ignored_hyperparameters(self.algorithm, group).items():
+                if name not in self._reported:
+                    self._reported.add(name)
+                    logger.log(logging.DEBUG if self._relax_checks else logging.WARNING,
+                               "the optimiser attribute '%s' (%r, param group %d) is ignored: "
+                               "the IPU's %s update does not use it", name, value, index,
+                               self.algorithm)
+
+    def new_accumulator(self, param: torch.Tensor) -> torch.Tensor:
+        """A zeroed gradient accumulator for ``param``, of the optimiser's ``accum_type``."""
+        return torch.zeros_like(param, dtype=rules.accumulator_dtype(self.optimizer, param))
+
+    def ipu_state(self) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
+        """PopTorch's ``ipu_state`` (the state tensors, by ``<state>___<index>``,
+        the index of the parameter in the state dict) and ``ipu_param`` (the
+        variable hyper-parameters), as host views of the device's tensors."""
+        state, index = {}, 0
+        for group in self.optimizer.param_groups:
+            for host in group["params"]:
+                device = self._device_params.get(id(host))
+                for name, tensor in (self.state[id(device)].items() if device is not None
+                                     else ()):
+                    state[f"{name}___{index}"] = _C.host_alias(tensor)
+                index += 1
+        params = {f"{name}___group{i}": _C.host_alias(value)
+                  for i, (_, hyper) in enumerate(self.groups) for name, value in hyper.items()
+                  if isinstance(value, torch.Tensor)}
+        if isinstance(self.loss_scaling, torch.Tensor):
+            params["loss_scaling"] = _C.host_alias(self.loss_scaling)
+        return state, params
 
     def _value(self, name: str, value: Any) -> Any:
         if name in self.variables and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -81,7 +122,7 @@ class DeviceOptimizer:
     def _constants(self, optimizer: torch.optim.Optimizer) -> Dict[Tuple[int, str], Any]:
         values = {}
         for index, group in enumerate(optimizer.param_groups):
-            for name, value in popoptim.group_hyperparameters(self.algorithm, group).items():
+            for name, value in rules.group_hyperparameters(self.algorithm, group).items():
                 values[(index, name)] = value
         for name in _GLOBAL_ATTRIBUTES:
             values[(-1, name)] = getattr(optimizer, name, 1.0)
@@ -102,27 +143,23 @@ class DeviceOptimizer:
                      for key, g in gradients.items()}
             factor = reduction / self.loss_scaling  # a float, or a 0-dim tensor if variable
             for g in grads.values():
-                popoptim.scale_(g, factor)
-            if self.max_grad_norm is not None:
-                popoptim.clip_gradients_(list(grads.values()), self.max_grad_norm)
-            for params, hyper in self.groups:
-                for p in params:
-                    if id(p) in grads:
-                        popoptim.update_parameter(self.algorithm, p, grads[id(p)],
-                                                  self.state[id(p)], hyper, self.optimizer)
+                rules.scale_(g, factor)
+            rules.apply_update(self.algorithm, self.optimizer, self.groups, grads, self.state,
+                               self.max_grad_norm)
             if accumulated:
                 for acc in gradients.values():
                     acc.zero_()
 
     def set_values(self, optimizer: torch.optim.Optimizer) -> None:
         """Takes the new hyper-parameters of ``optimizer`` (setOptimizer)."""
-        if popoptim.algorithm_of(optimizer) != self.algorithm:
+        if rules.algorithm_of(optimizer) != self.algorithm:
             raise Error(f"setOptimizer: the model was compiled for {self.algorithm}, got a "
                         f"{type(optimizer).__name__}; wrap the model again to change algorithm")
         if len(optimizer.param_groups) != len(self.groups):
             raise Error("setOptimizer: the new optimiser has "
                         f"{len(optimizer.param_groups)} param groups, the compiled one "
                         f"{len(self.groups)}")
+        self._report_ignored(optimizer)
         new = self._constants(optimizer)
         for (index, name), value in new.items():
             target = self.loss_scaling if index < 0 else self.groups[index][1].get(name)
@@ -159,7 +196,7 @@ class DeviceOptimizer:
                 this()._reload(optimizer)
 
         self._hooks = [optimizer.register_state_dict_pre_hook(_synchronize),
-                       optimizer.register_state_dict_post_hook(_drop_unstarted),
+                       optimizer.register_state_dict_post_hook(_device_state_dict),
                        optimizer.register_load_state_dict_post_hook(reload)]
         _OWNERS[optimizer] = weakref.ref(self)
 
@@ -170,7 +207,7 @@ class DeviceOptimizer:
             for index, (host, device_state) in enumerate(self._host_parameters(optimizer)):
                 saved = optimizer.state.get(host)
                 if saved:
-                    for name, value in popoptim.state_from_torch(
+                    for name, value in rules.state_from_torch(
                             self.algorithm, saved, device_state, index).items():
                         device_state[name].copy_(value)
         _C.synchronize()
@@ -195,7 +232,7 @@ class DeviceOptimizer:
         optimizer = self.optimizer
         for host, _ in self._host_parameters(optimizer):
             state = optimizer.state.pop(host, {})
-            if state and not popoptim.is_unstarted(state):
+            if state and not rules.is_unstarted(state):
                 optimizer.state[host] = {name: t.clone() for name, t in state.items()}
         del _OWNERS[optimizer]
 
@@ -208,10 +245,14 @@ def _synchronize(optimizer: torch.optim.Optimizer) -> None:
     _C.synchronize()  # the host aliases show what the device computed
 
 
-def _drop_unstarted(optimizer: torch.optim.Optimizer,
-                    state_dict: Dict[str, Any]) -> Dict[str, Any]:
+def _device_state_dict(optimizer: torch.optim.Optimizer,
+                       state_dict: Dict[str, Any]) -> Dict[str, Any]:
     """Parameters the device never updated have no state, as in torch (an SGD
-    momentum buffer of zeros would otherwise count as started on the CPU)."""
+    momentum buffer of zeros would otherwise count as started on the CPU); a
+    poptorch.optim optimiser also gets PopTorch's ``ipu_state`` and ``ipu_param``."""
     state_dict["state"] = {index: state for index, state in state_dict["state"].items()
-                           if not popoptim.is_unstarted(state)}
+                           if not rules.is_unstarted(state)}
+    owner = _OWNERS.get(optimizer)
+    if isinstance(optimizer, popoptim.Optimizer) and owner is not None and owner() is not None:
+        state_dict["ipu_state"], state_dict["ipu_param"] = owner().ipu_state()
     return state_dict

@@ -277,7 +277,9 @@ class PoplarExecutor:
         device_params = {id(host): self._state.tensors[name]
                          for name, host in self._state.host.items()}
         if self._training:
-            self._device_optimizer = DeviceOptimizer(self._optimizer, device_params, _DEVICE)
+            self._device_optimizer = DeviceOptimizer(
+                self._optimizer, device_params, _DEVICE,
+                relax_checks=self._options.relax_optimizer_attributes_checks)
         device_inputs = []
         device_leaves = []
         for leaf in leaves:

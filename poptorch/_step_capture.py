@@ -70,7 +70,7 @@ class StepCapture:
         for p in self.trainable:
             p.requires_grad_(True)
         self.accumulators: Dict[int, torch.Tensor] = (
-            {id(p): torch.zeros_like(p) for p in self.trainable} if accumulate else {})
+            {id(p): optimizer.new_accumulator(p) for p in self.trainable} if accumulate else {})
         _C.synchronize()  # the zeros exist before the step: it must not zero them again
         # Set by the first capture: what the model returns, with its device
         # tensors; later variants write their results into the same tensors.
