@@ -1,0 +1,72 @@
+"""The differential fuzzer's CI slice (a fixed set of programs), and checks of the checker.
+
+The long run is ``python -m tests.fuzz --minutes 30`` (docs/testing.md).
+"""
+import pytest
+import torch
+from hypothesis import HealthCheck, given, note, settings
+
+from fuzz import OP_NAMES, Mismatch, Stats, check_program, programs
+from fuzz.compare import compare
+from fuzz.interpreter import Meta, Record, Trace
+from fuzz.ops import Line
+
+# About two minutes on a 2-core machine; derandomized: the same programs every run.
+CI_SLICE = settings(derandomize=True, database=None, deadline=None, max_examples=250,
+                    report_multiple_bugs=False, print_blob=False,
+                    suppress_health_check=list(HealthCheck))
+
+
+@pytest.mark.slow
+def test_cpu_and_ipu_agree_on_random_programs():
+    stats = Stats()
+
+    @CI_SLICE
+    @given(programs(OP_NAMES))
+    def fuzz(program):
+        check_program(program, stats, note)
+
+    fuzz()
+    print(stats.summary())
+    # The slice exercises every kind of op (each ran without error on the CPU at least once).
+    assert set(OP_NAMES) <= stats.entries_ran(), set(OP_NAMES) - stats.entries_ran()
+
+
+# ---- the checker catches what it must catch ------------------------------------------------
+
+def _trace(device, error=None, strides=(3, 1), value=None):
+    meta = Meta((2, 3), torch.float32, strides, 0, strides == (3, 1), False, True, 24)
+    value = torch.zeros(2, 3) if value is None else value
+    return Trace(device, [Record(error, None, False, {"t0": meta})], {"t0": value})
+
+
+LINES = [Line(op="test", code="t0 = ...", result="t0")]
+
+
+@pytest.mark.parametrize("ipu, what", [
+    (_trace("ipu", strides=(1, 2)), "strides cpu (3, 1) ipu (1, 2)"),
+    (_trace("ipu", error=RuntimeError("x")), "the ipu raised RuntimeError: x; the cpu did not"),
+    (_trace("ipu", value=torch.ones(2, 3)), "values differ"),
+    (_trace("ipu", value=RuntimeError("poisoned")), "reading it raised RuntimeError"),
+])
+def test_a_difference_is_a_mismatch(ipu, what):
+    with pytest.raises(Mismatch, match="program:") as raised:
+        compare(_trace("cpu"), ipu, LINES, "cpu vs ipu", "the source")
+    assert what in str(raised.value)
+
+
+def test_an_error_must_have_the_cpus_type_at_the_same_line():
+    cpu = _trace("cpu", error=IndexError("out of range"))
+    compare(cpu, _trace("ipu", error=IndexError("out of range")), LINES, "ok", "")
+    with pytest.raises(Mismatch, match="the cpu raised IndexError"):
+        compare(cpu, _trace("ipu", error=RuntimeError("other")), LINES, "cpu vs ipu", "")
+    with pytest.raises(Mismatch, match="the ipu raised no error"):
+        compare(cpu, _trace("ipu"), LINES, "cpu vs ipu", "")
+
+
+def test_float64_must_be_refused_with_a_type_error():
+    lines = [Line(op="float64", code="t0 = ...", result="t0", ipu_refuses=TypeError)]
+    refused = _trace("ipu", error=TypeError("IPUs have no 64-bit floating point"))
+    compare(_trace("cpu"), refused, lines, "ok", "")
+    with pytest.raises(Mismatch, match="the ipu raised no error"):
+        compare(_trace("cpu"), _trace("ipu"), lines, "cpu vs ipu", "")
