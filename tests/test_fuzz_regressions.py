@@ -2,11 +2,13 @@
 the CPU. One marked ``known_issue`` is not fixed yet: a strict expected failure whose reason
 is its entry in ``tests/fuzz/known_issues.py`` (the fuzzer avoids it meanwhile)."""
 import sys
+import textwrap
 
 import pytest
 import torch
 
 import poptorch
+from conftest import assert_same, run_python
 from fuzz import KNOWN_ISSUES
 
 DEVICES = ("cpu", "ipu")
@@ -89,6 +91,40 @@ def test_max_and_min_of_an_empty_tensor_raise(reduce):
     for dev in DEVICES:
         with pytest.raises(RuntimeError, match="Expected reduction dim to be specified"):
             reduce(torch.ones(0, device=dev))
+
+
+@pytest.mark.parametrize("op", [torch.nansum, torch.nanmean])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_nan_reductions_over_an_empty_dim_list_reduce_every_dim(op, keepdim):
+    # PyTorch's Meta kernel of nansum reduces over no dim there; its CPU kernel over all.
+    x = torch.tensor([[1.0, float("nan")], [2.0, 3.0]], dtype=torch.bfloat16)
+    assert_same(op(x, (), keepdim=keepdim), op(x.to("ipu"), (), keepdim=keepdim))
+
+
+def test_a_result_shaped_otherwise_than_predicted_is_an_error_not_garbage():
+    # A custom op whose Meta kernel predicts the wrong shape, with an out= overload (which
+    # the executor prefers): the kernel resizes the planned output, leaving bytes unwritten.
+    result = run_python(textwrap.dedent("""
+        import torch
+        lib = torch.library.Library("fuzzguard", "DEF")
+        lib.define("halve(Tensor x) -> Tensor")
+        lib.define("halve.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)")
+        def halve_out(x, *, out):
+            out.resize_(x.shape[0] // 2)
+            return out.copy_(x[: x.shape[0] // 2])
+        lib.impl("halve", lambda x: x[: x.shape[0] // 2].clone(), "CPU")
+        lib.impl("halve.out", halve_out, "CPU")
+        lib.impl("halve", lambda x: torch.empty_like(x), "Meta")
+        import poptorch
+        y = torch.ops.fuzzguard.halve(torch.arange(4.0, device="ipu"))
+        try:
+            print(y.cpu())
+        except RuntimeError as e:
+            print("raised:", e)
+    """))
+    assert result.returncode == 0, result.stderr
+    assert "raised: fuzzguard::halve: the host kernel returned a result of shape [2] where " \
+           "its Meta kernel predicted [4]" in result.stdout, result.stdout
 
 
 def test_every_known_issue_has_its_expected_failure():

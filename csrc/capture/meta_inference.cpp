@@ -158,12 +158,24 @@ bool isViewOp(const c10::FunctionSchema& schema) {
 
 std::atomic<MustPropagate> must_propagate{nullptr};
 
+// Arguments on which a PyTorch Meta kernel disagrees with the CPU kernel,
+// rewritten to ones that mean the same to the CPU. nansum (and nanmean, built
+// on it) reduces over every dim for an empty dim list on the CPU, but its Meta
+// kernel (meta_nansum in torch/_meta_registrations.py) reduces over none.
+void alignWithCpuKernel(const c10::OperatorHandle& op, torch::jit::Stack& meta_args) {
+  if (op.schema().name() == "aten::nansum" && meta_args.size() > 1 &&
+      meta_args[1].isIntList() && meta_args[1].toIntList().empty()) {
+    meta_args[1] = c10::IValue();
+  }
+}
+
 std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
                                         c10::ArrayRef<c10::IValue> arguments, bool* cacheable) {
   MetaTwins twins;
   torch::jit::Stack meta_args;
   meta_args.reserve(arguments.size());
   for (const c10::IValue& value : arguments) meta_args.push_back(twins.convert(value));
+  alignWithCpuKernel(op, meta_args);
   torch::jit::Stack meta_stack = meta_args;
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);

@@ -160,7 +160,11 @@ class Run {
 
     if (node.guard == ir::Guard::kShape) checkObserved(node, source);
     // An out= kernel has written its result in place; other results are placed.
-    if (!out_variant) placeResults(node);
+    if (out_variant) {
+      checkPredicted(node, node.outputs[0], stack_.back().toTensor());
+    } else {
+      placeResults(node);
+    }
     for (ir::BufferId b : exe_.release_after[index]) host_[b] = c10::Storage();
   }
 
@@ -309,6 +313,16 @@ class Run {
     return true;
   }
 
+  // A result the host kernel shaped otherwise than the Meta kernel predicted
+  // would leave bytes of the ipu tensor unwritten: an error, never garbage.
+  static void checkPredicted(const ir::Node& node, const ir::TensorRef& ref,
+                             const at::Tensor& result) {
+    TORCH_CHECK(result.sizes().equals(ref.sizes), node.name(),
+                ": the host kernel returned a result of shape ", result.sizes(),
+                " where its Meta kernel predicted ", c10::IntArrayRef(ref.sizes),
+                "; this op cannot run on the ipu.");
+  }
+
   void place(const ir::Node& node, const ir::TensorRef& ref, const at::Tensor& result) {
     if (node.guard == ir::Guard::kShape && !result.sizes().equals(ref.sizes)) {
       GuardFailure failure(node.name() + " returned a result of shape " + c10::str(result.sizes()) +
@@ -321,10 +335,7 @@ class Run {
       // Some Meta kernels disagree with the host kernel about an auxiliary
       // result that one of them leaves empty (batch-norm statistics in eval
       // mode, embedding_bag's bookkeeping); the captured shape stands.
-      TORCH_CHECK(result.numel() == 0 || ref.numel() == 0, node.name(),
-                  ": the host kernel returned a result of shape ", result.sizes(),
-                  " where its Meta kernel predicted ", c10::IntArrayRef(ref.sizes),
-                  "; this op cannot run on the ipu.");
+      if (result.numel() != 0 && ref.numel() != 0) checkPredicted(node, ref, result);
       return;
     }
     c10::Storage& storage = host_[ref.buffer];
