@@ -85,6 +85,25 @@ def test_an_out_tensor_overlapping_an_input_is_refused_before_a_resize():
             torch.add(x[:1].view(()), 1, out=x[:1])
 
 
+@known_issue("integer_view_written_from_a_grad_tensor")
+def test_views_of_a_dtype_view_modified_in_place_keep_their_autograd_metadata():
+    for dev in DEVICES:
+        x = torch.tensor(1.5, device=dev).requires_grad_()
+        bits = x.view(torch.int32)
+        view = bits.view(())
+        bits.fill_(x.view(()))
+        assert not view.is_leaf and type(view.grad_fn).__name__ == "AsStridedBackward0"
+
+
+@known_issue("integer_view_written_from_a_grad_tensor")
+def test_an_integer_view_can_be_filled_from_a_tensor_that_requires_grad():
+    for dev in DEVICES:
+        ints = torch.tensor(3, device=dev)
+        view = ints.view((1,))
+        view.fill_(torch.tensor(1.5, device=dev).requires_grad_())
+        assert view.tolist() == [1]
+
+
 @known_issue("max_min_of_empty")
 @pytest.mark.parametrize("reduce", [torch.max, torch.min])
 def test_max_and_min_of_an_empty_tensor_raise(reduce):
