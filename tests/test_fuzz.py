@@ -12,7 +12,7 @@ from fuzz.interpreter import Meta, Record, Trace
 from fuzz.ops import Line
 
 # About two minutes on a 2-core machine; derandomized: the same programs every run.
-CI_SLICE = settings(derandomize=True, database=None, deadline=None, max_examples=250,
+CI_SLICE = settings(derandomize=True, database=None, deadline=None, max_examples=700,
                     report_multiple_bugs=False, print_blob=False,
                     suppress_health_check=list(HealthCheck))
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import poptorch
-from conftest import assert_same, run_python
+from conftest import run_python
+from poptorch.testing import assert_same
 from fuzz import KNOWN_ISSUES
 
 DEVICES = ("cpu", "ipu")
@@ -60,7 +61,21 @@ def test_index_select_of_a_scalar_with_an_empty_index_raises_at_the_call():
             torch.index_select(x, 0, torch.zeros(0, dtype=torch.int64, device=dev))
 
 
-@known_issue("host_results_lose_strides")
+@known_issue("results_lose_the_cpu_strides")
+def test_clone_of_a_non_dense_tensor_keeps_the_cpu_strides():
+    x = torch.arange(12.0).reshape(2, 3, 2)
+    assert x.to("ipu").unfold(1, 2, 2).clone().stride() == x.unfold(1, 2, 2).clone().stride()
+
+
+@known_issue("results_lose_the_cpu_strides")
+@pytest.mark.parametrize("op", [torch.abs, torch.logical_not,
+                                lambda x: torch.copysign(x, torch.tensor(1.5))])
+def test_elementwise_results_of_a_transposed_tensor_keep_the_cpu_strides(op):
+    x = torch.arange(6.0).reshape(2, 3)
+    assert op(x.to("ipu").t()).stride() == op(x.t()).stride() == (1, 3)
+
+
+@known_issue("results_lose_the_cpu_strides")
 def test_host_results_keep_the_cpu_strides():
     x = torch.ones(2, 3)
     assert torch.nonzero(x.to("ipu")).stride() == torch.nonzero(x).stride() == (1, 6)
@@ -102,6 +117,18 @@ def test_an_integer_view_can_be_filled_from_a_tensor_that_requires_grad():
         view = ints.view((1,))
         view.fill_(torch.tensor(1.5, device=dev).requires_grad_())
         assert view.tolist() == [1]
+
+
+@known_issue("matmul_of_mixed_dtypes_with_an_empty_result")
+def test_matmul_of_mixed_dtypes_with_an_empty_result_has_the_cpus_dtype():
+    # msort keeps strides (3, 1, 1, 1) on the CPU (size-1 dims), (1, 1, 1, 1) on the ipu,
+    # and then the CPU's matmul takes a path that does not refuse the mixed dtypes.
+    dtypes = []
+    for dev in DEVICES:
+        indices = torch.cummax(torch.ones(1, 3, 1, 1, device=dev), -1)[1]
+        a = torch.msort(indices.narrow(1, 2, 1))
+        dtypes.append((a @ torch.ones(1, 0, dtype=torch.int32, device=dev)).dtype)
+    assert dtypes[0] == dtypes[1] == torch.int32
 
 
 @known_issue("max_min_of_empty")
