@@ -21,8 +21,9 @@ def test_the_setting_at_the_call_decides_not_the_one_at_the_sync():
         result = _index_copy_of_repeated_indices("ipu")
     finally:
         torch.use_deterministic_algorithms(False)
-    assert not torch.equal(expected, _index_copy_of_repeated_indices("cpu"))  # it matters
-    assert torch.equal(result.cpu(), expected)  # read after the setting was switched off
+    # Read after the setting was switched off; with several threads the
+    # CPU's other kernel would give other rows.
+    assert torch.equal(result.cpu(), expected)
 
 
 def test_new_memory_is_filled_deterministically_like_the_cpu():
@@ -30,6 +31,8 @@ def test_new_memory_is_filled_deterministically_like_the_cpu():
         torch.use_deterministic_algorithms(True)
         cpu = (torch.empty(3), torch.empty(2, dtype=torch.int32))
         ipu = (torch.empty(3, device="ipu"), torch.empty(2, dtype=torch.int32, device="ipu"))
+        cpu += (torch.ones(2).resize_(5),)
+        ipu += (torch.ones(2, device="ipu").resize_(5),)
     finally:
         torch.use_deterministic_algorithms(False)
     assert_same(cpu, ipu, equal_nan=True)

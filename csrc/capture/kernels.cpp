@@ -4,6 +4,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/InferSize.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
@@ -64,11 +65,13 @@ c10::DimVector stridesFor(c10::IntArrayRef sizes, c10::MemoryFormat format) {
 
 // Under torch.use_deterministic_algorithms, new memory reads as NaN (or the
 // largest integer), as on the CPU.
+bool fillsNewMemory() {
+  return at::globalContext().deterministicAlgorithms() &&
+         at::globalContext().deterministicFillUninitializedMemory();
+}
+
 at::Tensor filledIfDeterministic(at::Tensor tensor) {
-  if (at::globalContext().deterministicAlgorithms() &&
-      at::globalContext().deterministicFillUninitializedMemory()) {
-    at::native::fill_empty_deterministic_(tensor);
-  }
+  if (fillsNewMemory()) at::native::fill_empty_deterministic_(tensor);
   return tensor;
 }
 
@@ -107,8 +110,10 @@ const at::Tensor& resizeIpu(const at::Tensor& self, c10::IntArrayRef size,
                             std::optional<c10::MemoryFormat> memory_format) {
   at::detail::check_size_nonnegative(size);
   const auto strides = stridesFor(size, memory_format.value_or(c10::MemoryFormat::Contiguous));
+  const auto old_nbytes = static_cast<int64_t>(self.storage().nbytes());
   ensureCapacity(self, size, strides);
   self.unsafeGetTensorImpl()->set_sizes_and_strides(size, strides);
+  if (fillsNewMemory()) at::native::fill_resize_deterministic_(self, old_nbytes);
   return self;
 }
 
