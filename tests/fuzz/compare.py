@@ -38,6 +38,9 @@ def _error_name(e: Optional[BaseException]) -> str:
 
 
 def _value_difference(cpu: Any, ipu: Any, undefined: bool, exact: bool) -> Optional[str]:
+    if isinstance(cpu, BaseException):  # reading it raises on the CPU too (an invalid view)
+        return None if type(ipu) is type(cpu) else \
+            f"the cpu raised {_error_name(cpu)} reading it, the ipu {_error_name(ipu)}"
     if isinstance(ipu, BaseException):
         return f"reading it raised {_error_name(ipu)}"
     if cpu is None or ipu is None:

@@ -186,6 +186,11 @@ class Run:
 
     def finish(self, leaves: Sequence[str]) -> Trace:
         """Reads every live tensor and the gradients of the leaves."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return self._read_all(leaves)
+
+    def _read_all(self, leaves: Sequence[str]) -> Trace:
         for name in self.tensors:
             if self.device == "cpu" and self.is_undefined(name):
                 self.trace.undefined.add(name)

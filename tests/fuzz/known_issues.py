@@ -129,7 +129,10 @@ def defers_on_the_ipu(line: Line, ns: Dict[str, Any], error: BaseException) -> b
     type at the next sync."""
     from .interpreter import Values  # pylint: disable=import-outside-toplevel
     copy = _IpuCopies()
-    scope = {name: copy(value) for name, value in ns.items()}
+    try:
+        scope = {name: copy(value) for name, value in ns.items()}
+    except RuntimeError:  # a view autograd has invalidated cannot be copied: no probe
+        return False
     scope.update(dev="ipu", rnd=Values(0, "ipu"))
     try:
         with warnings.catch_warnings():
