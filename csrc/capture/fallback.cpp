@@ -66,6 +66,16 @@ std::optional<c10::Device> commonDevice(const c10::OperatorHandle& op,
   return ipu;
 }
 
+// An ipu tensor whose value a failed graph could not compute raises that
+// graph's error wherever it is used (see device::poison).
+void checkNoneIsPoisoned(c10::ArrayRef<c10::IValue> arguments) {
+  for (const c10::IValue& value : arguments) {
+    forEachTensor(value, [](const at::Tensor& t) {
+      if (t.defined() && t.is_ipu()) device::checkNotPoisoned(*t.storage().unsafeGetStorageImpl());
+    });
+  }
+}
+
 // The device of an op with no ipu tensor argument: a factory asked for an ipu.
 c10::Device factoryDevice(c10::ArrayRef<c10::IValue> arguments) {
   for (const c10::IValue& value : arguments) {
@@ -328,6 +338,7 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
 c10::Device prepareArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                              bool allow_several_ipus) {
   const size_t num_args = op.schema().arguments().size();
+  checkNoneIsPoisoned(torch::jit::last(*stack, num_args));
   if (capturingStep()) uploadHostConstants(op, stack);
   std::optional<c10::Device> device =
       commonDevice(op, torch::jit::last(*stack, num_args), allow_several_ipus);
@@ -383,7 +394,7 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
 
 void synchronize() {
   auto lock = PendingGraph::get().lock();
-  PendingGraph::get().flush();
+  if (std::exception_ptr error = PendingGraph::get().flush()) std::rethrow_exception(error);
 }
 
 }  // namespace poptorch::capture

@@ -112,14 +112,24 @@ void PendingGraph::append(ir::Node node) {
   }
 }
 
+std::unique_ptr<runtime::Program> PendingGraph::prepareLazily() {
+  try {
+    return prepare();
+  } catch (const std::exception&) {
+    runtime::Worker::get().noteError(std::current_exception());  // and its results are poisoned
+    return nullptr;
+  }
+}
+
 void PendingGraph::streamPendingNodes() {
-  std::unique_ptr<runtime::Program> program = prepare();
+  std::unique_ptr<runtime::Program> program = prepareLazily();
+  if (!program) return;
   if (!program->usesDefaultGenerator()) {
     runtime::Worker::get().submit(std::move(program));
     return;
   }
   runtime::Worker::get().waitIdle();
-  program->run();
+  if (std::exception_ptr error = program->tryRun()) runtime::Worker::get().noteError(error);
 }
 
 void PendingGraph::discard() {
@@ -135,27 +145,45 @@ std::unique_ptr<runtime::Program> PendingGraph::prepare(bool allow_empty) {
   discard();
   if (graph.nodes.empty() && !allow_empty) return nullptr;
 
-  std::vector<c10::Storage> storages(entries.size());
-  for (size_t b = 0; b < entries.size(); ++b) {
-    Entry& entry = entries[b];
-    ir::BufferInfo& info = graph.buffers[b];
-    c10::Storage storage;
-    if (entry.strong) {
-      info.live_after = runtime::Worker::get().referencedElsewhere(entry.strong, /*ours=*/1);
-      storage = std::move(entry.strong);
-    } else if (auto locked = entry.weak->lock()) {
-      info.live_after = true;
-      storage = c10::Storage(std::move(locked));
+  try {
+    std::vector<c10::Storage> storages(entries.size());
+    for (size_t b = 0; b < entries.size(); ++b) {
+      Entry& entry = entries[b];
+      ir::BufferInfo& info = graph.buffers[b];
+      c10::Storage storage;
+      if (entry.strong) {
+        info.live_after = runtime::Worker::get().referencedElsewhere(entry.strong, /*ours=*/1);
+        storage = entry.strong;
+      } else if (auto locked = entry.weak->lock()) {
+        info.live_after = true;
+        storage = c10::Storage(std::move(locked));
+      }
+      if (info.existed_before || info.live_after) {
+        device::materialize(*storage.unsafeGetStorageImpl());
+        info.nbytes = static_cast<int64_t>(storage.nbytes());
+        storages[b] = std::move(storage);
+      }
     }
-    if (info.existed_before || info.live_after) {
-      device::materialize(*storage.unsafeGetStorageImpl());
-      info.nbytes = static_cast<int64_t>(storage.nbytes());
-      storages[b] = std::move(storage);
+    std::shared_ptr<const compiler::Executable> exe = executableFor(graph);
+    return std::make_unique<runtime::Program>(std::move(exe), std::move(graph),
+                                              std::move(storages));
+  } catch (...) {
+    // The graph will not run: what its nodes compute holds no value.
+    const std::exception_ptr error = std::current_exception();
+    auto poison = [&](ir::BufferId b) {
+      const Entry& entry = entries[b];
+      if (entry.strong) {
+        device::poison(*entry.strong.unsafeGetStorageImpl(), error);
+      } else if (auto locked = entry.weak->lock()) {
+        device::poison(*locked, error);
+      }
+    };
+    for (const ir::Node& node : graph.nodes) {
+      for (ir::BufferId w : node.writes) poison(w);
+      for (const ir::TensorRef& out : node.outputs) poison(out.buffer);
     }
+    throw;
   }
-
-  std::shared_ptr<const compiler::Executable> exe = executableFor(graph);
-  return std::make_unique<runtime::Program>(std::move(exe), std::move(graph), std::move(storages));
 }
 
 std::shared_ptr<const compiler::Executable> PendingGraph::executableFor(const ir::Graph& graph) {
@@ -220,15 +248,19 @@ std::vector<at::Tensor> PendingGraph::evaluate(const std::vector<at::Tensor>& te
   return values;
 }
 
-void PendingGraph::flush() {
+std::exception_ptr PendingGraph::flush() {
   if (whole_step_capture_) {
     POPTORCH_LOG(kDebug) << "synchronize() while a step is captured whole: nothing runs";
-    return;
+    return nullptr;
   }
-  std::unique_ptr<runtime::Program> program = prepare();
+  std::unique_ptr<runtime::Program> program = prepareLazily();
   // Earlier chunks first; the last one runs here, without a hand-off.
-  runtime::Worker::get().waitIdle();
-  if (program) program->run();
+  runtime::Worker& worker = runtime::Worker::get();
+  worker.waitIdle();
+  if (program) {
+    if (std::exception_ptr error = program->tryRun()) worker.noteError(std::move(error));
+  }
+  return worker.takeFirstError();
 }
 
 }  // namespace poptorch::capture

@@ -49,12 +49,17 @@ class PendingGraph {
   // Turns the pending nodes into a program (compiled, or found in the cache)
   // bound to their storages, and leaves the pending graph empty. Storages
   // that outlive the graph are materialised. Null if nothing is pending,
-  // unless `allow_empty` (a step that only returns its inputs).
+  // unless `allow_empty` (a step that only returns its inputs). If that fails,
+  // the storages the nodes write are poisoned with the error (device::poison),
+  // which is raised.
   std::unique_ptr<runtime::Program> prepare(bool allow_empty = false);
 
   // The sync point: prepares and runs every pending node, leaving each live
-  // ipu storage materialised and up to date.
-  void flush();
+  // ipu storage materialised and up to date, or poisoned with the error that
+  // kept it from its value (reading it raises the error). Returns the first
+  // error of the graphs run since the previous sync point, for synchronize()
+  // to raise; a read raises only the errors of the tensor it reads.
+  std::exception_ptr flush();
 
   // The values `tensors` (ipu tensors) would hold if the pending nodes ran,
   // as CPU tensors, computed without running them: a copy of the graph runs
@@ -84,6 +89,9 @@ class PendingGraph {
   ir::Graph graph_;
   absl::flat_hash_map<const c10::StorageImpl*, ir::BufferId> ids_;
   std::vector<Entry> entries_;
+  // prepare() for a graph run lazily: its error is noted on the device queue
+  // and poisons the graph's results.
+  std::unique_ptr<runtime::Program> prepareLazily();
   // Streams the first nodes of a long graph to the device queue, so that the
   // device computes while the host captures the rest.
   void streamPendingNodes();

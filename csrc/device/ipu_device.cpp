@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "common/environment.h"
@@ -35,13 +36,19 @@ Machine& machine() {
 
 thread_local int current_index = 0;
 
-// Owner of one storage's bytes: its reservation on an IPU, and host memory
-// once materialised. A DataPtr's context.
+// Owner of one storage's bytes: its reservation on an IPU, host memory once
+// materialised, and the error it is poisoned with. A DataPtr's context.
 struct Block {
   int index;
   size_t nbytes;
   void* data = nullptr;
+  // `error` changes under poison_mutex; `poisoned` says whether it is set, so
+  // that a healthy storage (every storage, nearly always) is checked lock-free.
+  std::atomic<bool> poisoned{false};
+  std::exception_ptr error;
 };
+
+std::mutex poison_mutex;
 
 void reserve(int index, size_t nbytes) {
   Machine& m = machine();
@@ -190,6 +197,30 @@ void growStorage(c10::StorageImpl& storage, size_t nbytes) {
   block->nbytes = nbytes;
   rebind(storage, block);
   storage.set_nbytes(nbytes);
+}
+
+void poison(c10::StorageImpl& storage, std::exception_ptr error) {
+  Block* block = blockOf(storage);
+  if (block == nullptr) return;
+  std::lock_guard<std::mutex> lock(poison_mutex);
+  if (block->error) return;
+  block->error = std::move(error);
+  block->poisoned.store(true, std::memory_order_release);
+}
+
+void clearPoison(c10::StorageImpl& storage) {
+  Block* block = blockOf(storage);
+  if (block == nullptr || !block->poisoned.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(poison_mutex);
+  block->poisoned.store(false, std::memory_order_release);
+  block->error = nullptr;
+}
+
+std::exception_ptr poisonOf(const c10::StorageImpl& storage) {
+  const Block* block = blockOf(storage);
+  if (block == nullptr || !block->poisoned.load(std::memory_order_acquire)) return nullptr;
+  std::lock_guard<std::mutex> lock(poison_mutex);
+  return block->error;
 }
 
 }  // namespace poptorch::device

@@ -8,6 +8,7 @@
 #include <c10/core/StorageImpl.h>
 
 #include <cstdint>
+#include <exception>
 
 namespace poptorch::device {
 
@@ -40,5 +41,17 @@ bool isMaterialized(const c10::StorageImpl& storage);
 void materialize(c10::StorageImpl& storage);
 // Grows a storage to `nbytes`, keeping its content.
 void growStorage(c10::StorageImpl& storage, size_t nbytes);
+
+// A storage whose value a graph could not compute (an op it depends on
+// failed when the graph ran) is poisoned with that op's error: using it in an
+// op or reading it raises the error. The first error stays until a graph
+// computes the whole storage again (clearPoison).
+void poison(c10::StorageImpl& storage, std::exception_ptr error);
+void clearPoison(c10::StorageImpl& storage);
+// The error `storage` is poisoned with, or null.
+std::exception_ptr poisonOf(const c10::StorageImpl& storage);
+inline void checkNotPoisoned(const c10::StorageImpl& storage) {
+  if (std::exception_ptr error = poisonOf(storage)) std::rethrow_exception(error);
+}
 
 }  // namespace poptorch::device

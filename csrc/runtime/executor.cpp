@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "common/ivalue_tensors.h"
+#include "device/ipu_device.h"
 #include "ir/hash.h"
 #include "runtime/arena.h"
 #include "runtime/guard_failure.h"
@@ -99,6 +100,7 @@ class Run {
       : exe_(exe),
         host_(exe.program.buffers.size()),
         channels_last_(exe.program.buffers.size(), false),
+        failed_(exe.program.buffers.size()),
         seed_salt_(seed_salt),
         arena_(ArenaPool::get().acquire(exe.arena_bytes)) {
     // The caller keeps the ipu storages alive while the run lasts: the host
@@ -107,12 +109,71 @@ class Run {
       if (exe.roles[b] == compiler::BufferRole::kExternal) {
         host_[b] = borrowedHostStorage(storages[b]->_mutable_data_ptr_no_checks().get(),
                                        storages[b]->nbytes());
+        // A program that ran after this one was captured may have failed.
+        failed_[b] = device::poisonOf(*storages[b]);
       }
     }
   }
 
-  void node(size_t index, const ir::Node& source) {
+  // Runs node `index` of the program. A node whose kernel fails, or that reads
+  // what a failed node computes, computes nothing: its results and the buffers
+  // it writes carry the error instead of a value. Returns false if it failed.
+  bool node(size_t index, const ir::Node& source) {
     const ir::Node& node = exe_.program.nodes[index];
+    std::exception_ptr error = failedInput(node);
+    if (!error) {
+      try {
+        compute(index, node, source);
+      } catch (const GuardFailure&) {
+        throw;  // the run never happened: see Program::runGuarded
+      } catch (c10::Error& kernel_error) {
+        kernel_error.add_context("raised by " + node.name() +
+                                 " when the ipu ran it; the tensors computed from it hold no "
+                                 "value and raise this error when used");
+        error = std::current_exception();
+      } catch (const std::exception&) {
+        error = std::current_exception();
+      }
+    }
+    for (ir::BufferId b : exe_.release_after[index]) host_[b] = c10::Storage();
+    if (!error) {
+      // A fresh result is computed whole: whatever error its buffer held is gone.
+      for (const ir::TensorRef& out : node.outputs) failed_[out.buffer] = nullptr;
+      return true;
+    }
+    for (const ir::TensorRef& out : node.outputs) failed_[out.buffer] = error;
+    for (ir::BufferId w : node.writes) failed_[w] = error;
+    if (!first_error_) first_error_ = error;
+    return false;
+  }
+
+  // After the run: the ipu storages whose value it could not compute are
+  // poisoned with their error, and those it computed whole again are cured.
+  // Returns the run's first error.
+  std::exception_ptr settlePoison(const std::vector<c10::StorageImpl*>& storages) const {
+    for (size_t b = 0; b < failed_.size(); ++b) {
+      if (exe_.roles[b] != compiler::BufferRole::kExternal) continue;
+      if (failed_[b]) {
+        device::poison(*storages[b], failed_[b]);
+      } else {
+        device::clearPoison(*storages[b]);
+      }
+    }
+    return first_error_;
+  }
+
+ private:
+  std::exception_ptr failedInput(const ir::Node& node) const {
+    for (const ir::TensorRef& in : node.inputs) {
+      if (failed_[in.buffer]) return failed_[in.buffer];
+    }
+    for (ir::BufferId w : node.writes) {
+      if (failed_[w]) return failed_[w];
+    }
+    return nullptr;
+  }
+
+  void compute(size_t index, const ir::Node& node, const ir::Node& source) {
     stack_.clear();
     bool channels_last = false;  // some input is in channels-last layout
     bool planned = false;        // the compiler chose the layout of some input
@@ -165,10 +226,8 @@ class Run {
     } else {
       placeResults(node);
     }
-    for (ir::BufferId b : exe_.release_after[index]) host_[b] = c10::Storage();
   }
 
- private:
   uint64_t seedOf(const ir::Node& source) const {
     return seed_salt_ == 0 ? *source.seed : ir::hashCombine(*source.seed, seed_salt_);
   }
@@ -361,6 +420,9 @@ class Run {
   // Per flexible-layout buffer: its producer's result was kept in
   // channels-last layout in this run.
   std::vector<bool> channels_last_;
+  // Per buffer: the error that keeps it from holding a value, or null.
+  std::vector<std::exception_ptr> failed_;
+  std::exception_ptr first_error_;
   uint64_t seed_salt_;
   ArenaPool::Lease arena_;
   torch::jit::Stack stack_;
@@ -368,14 +430,17 @@ class Run {
 
 }  // namespace
 
-void execute(const compiler::Executable& exe, const ir::Graph& captured,
-             const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt) {
+std::exception_ptr execute(const compiler::Executable& exe, const ir::Graph& captured,
+                           const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt,
+                           OnError on_error) {
   // Kernels run on plain CPU tensors: no autograd or view tracking is wanted.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   Run run(exe, storages, seed_salt);
   for (size_t i = 0; i < exe.program.nodes.size(); ++i) {
-    run.node(i, captured.nodes[exe.program.nodes[i].source_index]);
+    const bool ok = run.node(i, captured.nodes[exe.program.nodes[i].source_index]);
+    if (!ok && on_error == OnError::kStop) break;
   }
+  return run.settlePoison(storages);
 }
 
 c10::Storage hostStorageOf(c10::StorageImpl& ipu_storage) {
@@ -387,6 +452,7 @@ c10::Storage hostStorageOf(c10::StorageImpl& ipu_storage) {
 }
 
 at::Tensor hostAlias(const at::Tensor& ipu_tensor) {
+  device::checkNotPoisoned(*ipu_tensor.storage().unsafeGetStorageImpl());
   return viewOf(hostStorageOf(*ipu_tensor.storage().unsafeGetStorageImpl()),
                 ir::TensorRef::of(ipu_tensor, /*buffer=*/0));
 }

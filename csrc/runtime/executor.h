@@ -4,23 +4,40 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <exception>
 #include <vector>
 
 #include "compiler/executable.h"
 
 namespace poptorch::runtime {
 
+// What a run does when a node fails (its kernel raises, or it reads a
+// buffer an earlier failure left without a value).
+enum class OnError {
+  // The nodes that depend on it compute nothing either; the others run. For
+  // lazy graphs: their errors surface where a tensor is read.
+  kPoisonDependents,
+  // No later node runs, as on the CPU, where the error stops the program: for
+  // runs whose error is raised to the caller at once.
+  kStop,
+};
+
 // Runs `exe` with the runtime arguments of `captured` (a graph with the same
 // structural hash as the one compiled). `storages[b]` is the materialised ipu
-// storage behind external buffer b (null for the others).
-void execute(const compiler::Executable& exe, const ir::Graph& captured,
-             const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt = 0);
+// storage behind external buffer b (null for the others). The ipu storages
+// that failed nodes would write are poisoned with their error
+// (device::poison); those the run computes whole again are cured. Returns the
+// first error, or null. A GuardFailure propagates, and then nothing is poisoned.
+std::exception_ptr execute(const compiler::Executable& exe, const ir::Graph& captured,
+                           const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt,
+                           OnError on_error);
 
 // A CPU storage over the bytes of a materialised ipu storage; it keeps the ipu
 // storage alive while it exists.
 c10::Storage hostStorageOf(c10::StorageImpl& ipu_storage);
 // A CPU tensor with the sizes, strides and offset of `ipu_tensor`, aliasing its
-// (materialised) bytes.
+// (materialised) bytes: how the host reads an ipu tensor, so a poisoned one
+// raises its error here.
 at::Tensor hostAlias(const at::Tensor& ipu_tensor);
 // The bytes of a materialised ipu storage, as a 1-D uint8 CPU tensor aliasing them.
 at::Tensor hostBytes(c10::StorageImpl& ipu_storage);

@@ -68,6 +68,46 @@ bool Program::writesOnly(const std::vector<c10::Storage>& own) const {
 }
 
 void Program::run(uint64_t seed_salt) const {
+  checkTemporaryMemory();
+  if (std::exception_ptr error = execute(seed_salt, OnError::kStop)) {
+    std::rethrow_exception(error);
+  }
+}
+
+std::exception_ptr Program::tryRun(uint64_t seed_salt) const {
+  try {
+    checkTemporaryMemory();
+    return execute(seed_salt, OnError::kPoisonDependents);
+  } catch (const GuardFailure&) {
+    throw;
+  } catch (...) {
+    // The run did not start (its temporaries do not fit) or stopped half-way:
+    // nothing it writes holds a value.
+    std::exception_ptr error = std::current_exception();
+    for (const ir::Node& node : executable_->program.nodes) {
+      for (ir::BufferId w : node.writes) {
+        if (external_[w] != nullptr) device::poison(*external_[w], error);
+      }
+      for (const ir::TensorRef& out : node.outputs) {
+        if (external_[out.buffer] != nullptr) device::poison(*external_[out.buffer], error);
+      }
+    }
+    return error;
+  }
+}
+
+std::exception_ptr Program::execute(uint64_t seed_salt, OnError on_error) const {
+  const auto start = std::chrono::steady_clock::now();
+  std::exception_ptr error =
+      executable_->has_guards
+          ? runGuarded(seed_salt, on_error)
+          : runtime::execute(*executable_, *graph_, external_, seed_salt, on_error);
+  Metrics::get().executed(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return error;
+}
+
+void Program::checkTemporaryMemory() const {
   // Temporaries must fit beside what the IPU already holds, as on hardware.
   const auto& peaks = executable_->peak_temporary_bytes;
   for (size_t d = 0; d < peaks.size(); ++d) {
@@ -79,17 +119,9 @@ void Program::run(uint64_t seed_salt) const {
                      " MiB are free. Synchronise more often (smaller graphs), "
                      "use a smaller batch, or raise POPTORCH_IPU_MEMORY_MB.");
   }
-  const auto start = std::chrono::steady_clock::now();
-  if (executable_->has_guards) {
-    runGuarded(seed_salt);
-  } else {
-    execute(*executable_, *graph_, external_, seed_salt);
-  }
-  Metrics::get().executed(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
-void Program::runGuarded(uint64_t seed_salt) const {
+std::exception_ptr Program::runGuarded(uint64_t seed_salt, OnError on_error) const {
   // What the nodes before a guard change in place must be undone if the guard
   // fails: the run then never happened.
   std::vector<std::pair<at::Tensor, at::Tensor>> saved;
@@ -98,7 +130,7 @@ void Program::runGuarded(uint64_t seed_salt) const {
     saved.emplace_back(bytes, bytes.clone());
   }
   try {
-    execute(*executable_, *graph_, external_, seed_salt);
+    return runtime::execute(*executable_, *graph_, external_, seed_salt, on_error);
   } catch (GuardFailure& failure) {
     for (auto& [bytes, copy] : saved) bytes.copy_(copy);
     auto site = graph_->guard_sites.find(failure.node);

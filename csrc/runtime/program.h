@@ -3,10 +3,12 @@
 // micro-batch without running Python again.
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <vector>
 
 #include "compiler/executable.h"
+#include "runtime/executor.h"
 
 namespace poptorch::runtime {
 
@@ -28,8 +30,16 @@ class Program {
   bool writesOnly(const std::vector<c10::Storage>& own) const;
 
   // Runs the program once. A non-zero `seed_salt` gives its random ops fresh
-  // seeds (every replay of a training step draws new dropout masks).
+  // seeds (every replay of a training step draws new dropout masks). A node
+  // that fails raises its error, as on the CPU: the nodes after it do not run,
+  // and what it wrote is poisoned (reading it raises the error).
   void run(uint64_t seed_salt = 0) const;
+  // Runs a lazy graph once. A node that fails poisons what it and the nodes
+  // depending on it would write, and the others run: errors surface where a
+  // tensor computed from them is read, never at an unrelated op. Returns the
+  // first error (null if none) instead of raising it; only a GuardFailure is
+  // raised.
+  [[nodiscard]] std::exception_ptr tryRun(uint64_t seed_salt = 0) const;
 
   size_t numNodes() const { return executable_->program.nodes.size(); }
   // True when the program is specialised on values read while capturing: a
@@ -45,7 +55,9 @@ class Program {
   Program(std::shared_ptr<const compiler::Executable> executable,
           std::shared_ptr<const ir::Graph> graph, std::vector<c10::Storage> storages);
 
-  void runGuarded(uint64_t seed_salt) const;
+  void checkTemporaryMemory() const;
+  std::exception_ptr execute(uint64_t seed_salt, OnError on_error) const;
+  std::exception_ptr runGuarded(uint64_t seed_salt, OnError on_error) const;
 
   std::shared_ptr<const compiler::Executable> executable_;
   std::shared_ptr<const ir::Graph> graph_;   // as captured: runtime arguments come from here

@@ -46,7 +46,16 @@ void Worker::submit(std::unique_ptr<Program> program) {
 void Worker::waitIdle() {
   std::unique_lock<std::mutex> lock(mutex_);
   threading_->idle.wait(lock, [this] { return queue_.empty() && !busy_; });
-  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+void Worker::noteError(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!first_error_) first_error_ = std::move(error);
+}
+
+std::exception_ptr Worker::takeFirstError() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(first_error_, nullptr);
 }
 
 bool Worker::referencedElsewhere(const c10::Storage& storage, long ours) {
@@ -67,14 +76,11 @@ void Worker::loop() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    try {
-      // After an error the queue is drained without running: later programs
-      // depend on results that were never computed.
-      if (!error_) program->run();
-    } catch (...) {
-      error_ = std::current_exception();
-    }
+    // A program's errors poison what it writes, and the programs after it
+    // that read those storages poison what they write in turn.
+    std::exception_ptr error = program->tryRun();
     lock.lock();
+    if (!first_error_) first_error_ = std::move(error);
     // Counts and references go together, under the lock.
     for (const c10::Storage& s : program->storages()) {
       if (!s) continue;

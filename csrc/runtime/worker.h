@@ -24,9 +24,13 @@ class Worker {
 
   // Queues `program`; it runs after every program queued before it.
   void submit(std::unique_ptr<Program> program);
-  // Waits until every queued program has run; rethrows the first error one
-  // of them raised (as CUDA reports asynchronous errors at the next sync).
+  // Waits until every queued program has run. Their errors poison the
+  // storages they write (see Program::tryRun).
   void waitIdle();
+  // Errors of lazy graphs (run here, or by the capturing thread) are kept
+  // until the next sync point takes the first (null if none).
+  void noteError(std::exception_ptr error);
+  std::exception_ptr takeFirstError();
 
   // True if anything but the queued programs and `ours` other references
   // holds `storage`: whether a value is still wanted must not depend on how
@@ -57,8 +61,8 @@ class Worker {
   std::deque<std::unique_ptr<Program>> queue_;
   absl::flat_hash_map<const c10::StorageImpl*, long> in_flight_;  // references held by the queue
   bool busy_ = false;
+  std::exception_ptr first_error_;
   bool stopping_ = false;
-  std::exception_ptr error_;
   std::unique_lock<std::mutex> fork_lock_;  // held across fork()
 };
 

@@ -1,0 +1,172 @@
+"""Errors where the CPU raises them: what only a run can find (an index out of range) is
+raised at the first use of a tensor computed from it, with the op named; the tensors that do
+not depend on it are computed; nothing reads back uninitialised memory."""
+import copy
+from typing import Callable
+
+import pytest
+import torch
+
+import poptorch
+from conftest import run_python
+
+
+def cpu_error(f: Callable[[str], object]) -> BaseException:
+    with pytest.raises(Exception) as info:
+        f("cpu")
+    return info.value
+
+
+RUNTIME_FAILURES = {
+    "gather": lambda d: torch.gather(torch.arange(4.0, device=d), 0, torch.tensor([7], device=d)),
+    "index_select": lambda d: torch.index_select(torch.arange(4.0, device=d), 0,
+                                                 torch.tensor([9], device=d)),
+    "embedding": lambda d: torch.nn.functional.embedding(torch.tensor([[1, 5]], device=d),
+                                                         torch.ones(3, 2, device=d)),
+    "index_add_": lambda d: torch.ones(3, device=d).index_add_(0, torch.tensor([7], device=d),
+                                                               torch.ones(1, device=d)),
+    "scatter_": lambda d: torch.zeros(3, device=d).scatter_(0, torch.tensor([4], device=d),
+                                                            torch.ones(1, device=d)),
+}
+
+
+@pytest.mark.parametrize("op", RUNTIME_FAILURES)
+def test_a_failed_op_poisons_what_depends_on_it_and_nothing_else(op):
+    failing = RUNTIME_FAILURES[op]
+    expected = cpu_error(failing)
+    x = torch.arange(4.0, device="ipu")
+    before = x * 2  # the same graph, independent of the failure
+    result = failing("ipu")  # deferred: the index is checked when the graph runs
+    downstream = result.sum() + 1
+    after = x + 1
+    torch.testing.assert_close(before.cpu(), torch.arange(4.0) * 2)
+    torch.testing.assert_close(after.cpu(), torch.arange(4.0) + 1)
+    reads = [lambda: result.cpu(), lambda: downstream.item(), lambda: str(downstream),
+             lambda: result.tolist(), lambda: result + 1]  # the last: use in a later graph
+    for read in reads:
+        with pytest.raises(type(expected)) as raised:
+            read()
+        message = str(raised.value)
+        assert str(expected).splitlines()[0] in message, message
+        assert "when the ipu ran it" in message and "aten::" in message, message
+
+
+def test_a_failed_in_place_write_poisons_its_tensor():
+    target = torch.zeros(4, device="ipu")
+    target.index_put_((torch.tensor([5], device="ipu"),), torch.tensor(1.0, device="ipu"))
+    other = torch.ones(4, device="ipu") + 1
+    torch.testing.assert_close(other.cpu(), torch.full((4,), 2.0))
+    with pytest.raises(IndexError, match="index 5 is out of bounds.*aten::_index_put_impl_"):
+        target.cpu()
+    with pytest.raises(IndexError, match="index 5 is out of bounds"):
+        target.add_(1)  # writing to it uses it too
+    with pytest.raises(IndexError, match="index 5 is out of bounds"):
+        target.copy_(torch.zeros(4))
+
+
+def test_synchronize_raises_the_first_error_it_ran_and_reads_keep_raising():
+    bad = torch.gather(torch.arange(4.0, device="ipu"), 0, torch.tensor([7], device="ipu"))
+    with pytest.raises(RuntimeError, match="index 7 is out of bounds.*aten::gather"):
+        poptorch.synchronize()
+    poptorch.synchronize()  # reported once
+    with pytest.raises(RuntimeError, match="index 7 is out of bounds.*aten::gather"):
+        bad.cpu()
+
+
+def test_a_read_of_an_unrelated_tensor_does_not_raise():
+    x = torch.arange(4.0, device="ipu")
+    bad = torch.index_select(x, 0, torch.tensor([9], device="ipu"))
+    torch.testing.assert_close((x * 3).cpu(), torch.arange(4.0) * 3)
+    with pytest.raises(IndexError, match="index out of range"):
+        bad.cpu()
+
+
+STREAMED = """
+import torch, poptorch
+x = torch.arange(4.0, device="ipu")
+bad = torch.gather(x, 0, torch.tensor([7], device="ipu"))
+for _ in range(6): bad = bad + 1  # later chunks read the failed one
+good = x
+for _ in range(6): good = good + 1
+assert torch.equal(good.cpu(), torch.arange(4.0) + 6)
+try:
+    bad.cpu()
+except RuntimeError as e:
+    assert "index 7 is out of bounds" in str(e) and "aten::gather" in str(e), e
+    print("ok")
+"""
+
+
+def test_graphs_streamed_to_the_device_queue_poison_their_results():
+    result = run_python(STREAMED, env={"POPTORCH_STREAM_NODES": "2"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+OUT_OF_MEMORY = """
+import torch, poptorch
+x = torch.ones(2_000_000, device="ipu")  # 8 MB
+z = ((x * 3) + (x * 4)).sum()  # 16 MB of temporaries when the graph runs
+small = torch.ones(2, device="ipu") * 2
+held = torch.empty(4_000_000, device="ipu")  # 16 MB more: the temporaries no longer fit
+try:
+    poptorch.synchronize()
+    raise AssertionError("synchronize() did not raise")
+except torch.OutOfMemoryError as e:
+    assert "temporaries" in str(e), e
+for t in (z, small):
+    try:
+        t.cpu()
+    except torch.OutOfMemoryError:
+        continue
+    raise AssertionError("read back without an error")
+del held
+print(torch.ones(2, device="ipu").sum().item())
+"""
+
+
+def test_a_graph_whose_temporaries_do_not_fit_poisons_every_result():
+    result = run_python(OUT_OF_MEMORY, env={"POPTORCH_IPU_MEMORY_MB": "36"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "2.0"
+
+
+class Embedder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(5, 3)
+        self.linear = torch.nn.Linear(3, 2)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, tokens, labels=None):
+        out = self.linear(self.embedding(tokens).mean(1))
+        return out if labels is None else (out, self.loss(out, labels))
+
+
+def test_a_wrapped_model_raises_a_bad_batch_at_the_call_and_recovers():
+    torch.manual_seed(0)
+    model = Embedder()
+    reference = copy.deepcopy(model)
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    cpu_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    good, labels = torch.tensor([[0, 1], [2, 3]]), torch.tensor([0, 1])
+    bad = torch.tensor([[0, 1], [2, 9]])
+
+    def cpu_step(tokens):
+        cpu_optimizer.zero_grad()
+        loss = reference(tokens, labels)[1]
+        loss.backward()
+        cpu_optimizer.step()
+        return loss.detach()
+
+    for tokens in (good, bad, good):
+        if tokens is bad:
+            expected = cpu_error(lambda _: cpu_step(bad))
+            with pytest.raises(type(expected), match="index out of range.*when the ipu ran it"):
+                training(tokens, labels)
+            continue
+        _, loss = training(tokens, labels)
+        torch.testing.assert_close(loss, cpu_step(tokens), rtol=1e-5, atol=1e-6)
+    training.copyWeightsToHost()
+    for mine, theirs in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(mine.detach(), theirs.detach(), rtol=1e-5, atol=1e-6)
