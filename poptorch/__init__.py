@@ -15,6 +15,7 @@ from . import _device_module
 from . import _serialization
 from . import enums
 from . import optim
+from ._compile_hooks import registerPostCompileHook, registerPreCompileHook
 from ._data_accessor import AsynchronousDataAccessor
 from ._dataloader import DataLoader
 from ._errors import Error, RecoverableError, UnrecoverableError
@@ -22,6 +23,8 @@ from ._executor import PoplarExecutor, inferenceModel, trainingModel
 from ._inputs import ICustomArgParser, registerCustomArgParser
 from ._logging import logger, setLogLevel
 from ._losses import identity_loss, isRunningOnIpu
+# poptorch.print is PopTorch's; it stays out of __all__ so that `import *` keeps the builtin.
+from ._printing import module_repr, print  # pylint: disable=redefined-builtin
 from .enums import *  # noqa: F401,F403  (PopTorch's enums are poptorch.<name> too)
 from .options import Options, TensorLocationSettings
 
@@ -69,16 +72,17 @@ def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
     return False
 
 
-def ipuHardwareVersion() -> str:
-    """The IPU version the emulation models ("ipu2"), as PopTorch names it."""
-    return "ipu2"
+def ipuHardwareVersion() -> int:
+    """The version of the IPU the emulation models: 2 (PopTorch's Mk2), the
+    argument ``Options.useOfflineIpuTarget`` takes."""
+    return 2
 
 
 __all__ = [
     "AsynchronousDataAccessor", "DataLoader", "Error", "ICustomArgParser", "Options",
     "PoplarExecutor", "RecoverableError", "TensorLocationSettings", "UnrecoverableError", "enums",
     "identity_loss", "inferenceModel", "ipuHardwareIsAvailable", "ipuHardwareVersion",
-    "isRunningOnIpu", "logger", "metrics", "optim", "registerCustomArgParser", "reset_metrics",
-    "setLogLevel",
+    "isRunningOnIpu", "logger", "metrics", "module_repr", "optim", "registerCustomArgParser",
+    "registerPostCompileHook", "registerPreCompileHook", "reset_metrics", "setLogLevel",
     "set_executable_cache_size", "synchronize", "trainingModel",
 ] + enums.__all__

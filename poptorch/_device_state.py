@@ -7,7 +7,7 @@ one set of device weights (training updates are seen by inference at once).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Set
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -77,11 +77,18 @@ class DeviceState:
                 del _DEVICE_COPIES[host]
         self.tensors = {}
 
-    def copy_to_device(self) -> None:
+    def copy_to_device(self, hosts: Optional[Dict[str, torch.Tensor]] = None) -> None:
         """Re-syncs device copies with host tensors that were replaced
-        (``param.data = ...``) since wrapping."""
-        for name, host in self.host.items():
+        (``param.data = ...``) since wrapping; ``hosts`` (name -> tensor) may
+        name new host tensors, which then alias the device copy."""
+        for name, host in (self.host if hosts is None else hosts).items():
             device = self.tensors[name]
+            if host is not self.host[name]:  # a new tensor object under that name
+                old = self.host[name]
+                _USERS.get(old, set()).discard(self.owner)
+                self.host[name] = host
+                _DEVICE_COPIES[host] = device
+                _USERS.setdefault(host, set()).add(self.owner)
             if not _aliases(host, device):
                 with torch.no_grad():
                     device.copy_(host.detach())

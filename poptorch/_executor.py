@@ -18,13 +18,18 @@ import torch.utils._pytree as pytree
 from tqdm import tqdm
 
 from . import _C
+from . import _compile_hooks
 from . import _inputs
+from . import _wrapped_model
+from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import Error
 from ._input_groups import expand_input_groups, group_rows
 from ._logging import logger
+from ._printing import module_repr
 from ._step_capture import StepCapture
+from ._wrapper_state import WrapperState
 from .options import Options, OutputMode, ReductionType
 
 _DEVICE = torch.device("ipu:0")
@@ -58,7 +63,7 @@ def _locked(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-class PoplarExecutor:
+class PoplarExecutor(WrapperState):
     """The wrapped model. Do not create it directly: use
     :func:`trainingModel` or :func:`inferenceModel`."""
 
@@ -90,11 +95,16 @@ class PoplarExecutor:
         seed = self._options.random_seed
         self._rng = torch.Generator()
         self._rng.manual_seed(seed if seed is not None else torch.initial_seed())
+        self._anchored: Dict[str, torch.Tensor] = {}  # of the last call (anchorTensor)
+        if training:
+            _wrapped_model.wrap(model, self)  # model.destroy(), as in PopTorch
 
     # --- the public interface ---------------------------------------------
 
     @_locked
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the step on every micro-batch of the inputs (compiling it first
+        on the first call) and returns the outputs per the output mode."""
         self._check_usable()
         leaves, spec = self._flatten(args, kwargs)
         if not self._compiled:
@@ -116,9 +126,11 @@ class PoplarExecutor:
         self._compile(leaves, spec)
 
     def isCompiled(self) -> bool:
+        """True once the step is compiled (by the first call or ``compile``)."""
         return self._compiled
 
     def isAttachedToDevice(self) -> bool:
+        """True while the model's weights and step are on the IPU."""
         return self._attached
 
     @_locked
@@ -175,13 +187,16 @@ class PoplarExecutor:
         if self._attached:
             self.detachFromDevice()
         self._destroyed = True
+        _wrapped_model.unwrap(self._model, self)
 
     @property
     def model(self) -> torch.nn.Module:
+        """The wrapped model (it shares its weights with the device)."""
         return self._model
 
     @property
     def options(self) -> Options:
+        """The options the model was wrapped with."""
         return self._options
 
     def __getattr__(self, name: str) -> Any:
@@ -198,8 +213,7 @@ class PoplarExecutor:
                     "and wrap the model again after loading")
 
     def __repr__(self) -> str:
-        kind = "trainingModel" if self._training else "inferenceModel"
-        return f"PoplarExecutor({kind}, compiled={self._compiled}, model={self._model!r})"
+        return module_repr(self._model)
 
     # --- compilation --------------------------------------------------------
 
@@ -253,7 +267,8 @@ class PoplarExecutor:
         self._input_specs, self._spec = specs, spec
         progress = _Progress() if self._options.show_compilation_progress_bar else None
         try:
-            self._capture(leaves, spec, progress)
+            with _compile_hooks.compile_hooks():
+                self._capture(leaves, spec, progress)
         finally:
             if progress:
                 progress.close()
@@ -297,8 +312,10 @@ class PoplarExecutor:
         # directly in the same program; otherwise they are accumulated first.
         accumulate = self._training and self._micro_batches_per_iteration > 1
         args, kwargs = _inputs.unflatten(device_leaves, spec, self._input_objects)
+        anchors = (Anchors(self._options, self._model, self._state, self._training,
+                           not accumulate) if self._options.anchored_tensors else None)
         step = StepCapture(self._model, self._state, self._training, self._device_optimizer,
-                           accumulate, device_inputs, args, kwargs)
+                           accumulate, device_inputs, args, kwargs, anchors)
         self._step = step
         self._micro_step = _C.StepVariants(step.micro_step(), step.recapture)
         if progress:
@@ -353,19 +370,22 @@ class PoplarExecutor:
         mode = o.output_mode
         if mode == OutputMode.Default:
             mode = OutputMode.Final if self._training else OutputMode.All
-        native_mode = {OutputMode.All: 0, OutputMode.Final: 1, OutputMode.EveryN: 2,
-                       OutputMode.Sum: 3}[mode]
+        native = {OutputMode.All: 0, OutputMode.Final: 1, OutputMode.EveryN: 2, OutputMode.Sum: 3}
         seed = int(torch.randint(1, 2**62, (1,), generator=self._rng))
         step = self._step
+        gathers = [] if step.anchors is None else [  # anchored tensors have modes of their own
+            (native[m], period) for m, period in step.anchors.gathers(
+                (mode, o.output_return_period), len(step.device_outputs))]
         results = iter(_C.run_steps(self._micro_step, self._update, step.device_inputs,
                                     host_inputs, step.device_outputs, o.device_iterations,
-                                    self._accumulation, o.replication_factor, native_mode,
-                                    o.output_return_period, seed))
+                                    self._accumulation, o.replication_factor, native[mode],
+                                    o.output_return_period, seed, gathers))
         self._write_back(self._given, host_inputs)
         # IPUs have no 64-bit integers: PopTorch returns int32, and so do we.
         leaves_out = [_int32_if_int64(next(results)) if isinstance(x, torch.Tensor) else x
                       for x in step.out_leaves]
-        return pytree.tree_unflatten(leaves_out, step.out_spec)
+        outputs, self._anchored = pytree.tree_unflatten(leaves_out, step.out_spec)
+        return outputs
 
     def _write_back(self, inputs: List[torch.Tensor], host_inputs: List[torch.Tensor]) -> None:
         """Inputs the step changes in place (``x += 1``, ``out=``) change for the

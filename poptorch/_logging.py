@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Union
 
 from . import _C
 
@@ -12,6 +13,7 @@ _LEVELS = {
     "WARN": logging.WARNING,
     "INFO": logging.INFO,
     "DEBUG": logging.DEBUG,
+    "DEBUG_IR": logging.DEBUG,
     "TRACE": logging.DEBUG - 5,
     "TRACE_ALL": logging.DEBUG - 5,
 }
@@ -24,13 +26,23 @@ if not logger.handlers:
     logger.propagate = False
 
 
-def setLogLevel(level: str) -> None:
+# PopTorch's legacy integer levels.
+_NUMBERED = {0: "TRACE", 1: "DEBUG", 2: "INFO", 3: "WARN", 4: "ERR", 6: "OFF"}
+
+
+def setLogLevel(level: Union[str, int]) -> None:
     """Sets the log level of PopTorch (Python and C++): OFF, ERR, WARN, INFO,
-    DEBUG, TRACE or TRACE_ALL."""
+    DEBUG (or DEBUG_IR), TRACE or TRACE_ALL; or PopTorch's integers 0 (TRACE),
+    1 (DEBUG), 2 (INFO), 3 (WARN), 4 (ERR) and 6 (OFF)."""
+    if isinstance(level, int) and not isinstance(level, bool):
+        if level not in _NUMBERED:
+            raise ValueError(f"unknown log level {level}: use one of "
+                             f"{', '.join(f'{n} ({name})' for n, name in _NUMBERED.items())}")
+        level = _NUMBERED[level]
     name = str(level).upper()
     if name not in _LEVELS:
         raise ValueError(f"unknown log level {level!r}: use one of {', '.join(_LEVELS)}")
-    _C.set_log_level(name)
+    _C.set_log_level("DEBUG" if name == "DEBUG_IR" else name)
     logger.setLevel(_LEVELS[name])
 
 

@@ -25,6 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import _C
+from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import Error
@@ -58,10 +59,11 @@ class StepCapture:
     def __init__(self, model: torch.nn.Module, state: DeviceState, training: bool,
                  optimizer: Optional[DeviceOptimizer], accumulate: bool,
                  device_inputs: List[torch.Tensor], args: Tuple[Any, ...],
-                 kwargs: Dict[str, Any]) -> None:
+                 kwargs: Dict[str, Any], anchors: Optional[Anchors] = None) -> None:
         self.model = model
         self.training = training
         self.optimizer = optimizer
+        self.anchors = anchors  # Options.anchorTensor: more outputs of the step
         self.device_inputs = device_inputs
         self._state = state
         self._args = args  # the model's arguments, over the device inputs
@@ -91,7 +93,7 @@ class StepCapture:
                                                      self._args, self._kwargs, strict=False)
             if self.training:
                 self._backward(recorder.loss(outputs))
-            self._bind_outputs(outputs)
+            self._bind_outputs((outputs, self.anchors.values() if self.anchors else {}))
             del outputs
             program = _C.prepare_program()
         self.variants += 1
@@ -126,6 +128,8 @@ class StepCapture:
         if all(g is None for g in grads):
             raise Error("the loss does not depend on any trainable parameter")
         gradients = {id(p): g for p, g in zip(self.trainable, grads) if g is not None}
+        if self.anchors is not None:
+            self.anchors.take_gradients(gradients, self.optimizer.grad_scale)
         if self.accumulators:
             with torch.no_grad():
                 for key, g in gradients.items():

@@ -68,7 +68,6 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "logDir": (_never, "the emulator writes no report files"),
     "logCycleCount": (_only(False), "the emulator counts no IPU cycles"),
     "broadcastBuffers": (_only(True), "replicas share the host's buffers"),
-    "anchorTensor": (_never, "named tensors cannot be anchored yet"),
     "sourceLocationExcludes": (
         lambda excludes: tuple(excludes) == _DEFAULT_LOCATION_EXCLUDES,
         "errors name the first frame outside torch and poptorch"),
@@ -98,6 +97,7 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "TensorLocations.setAccumulatorLocation": (_never, "all tensors live in host memory"),
     "TensorLocations.numIOTiles": (_never, "the emulator has no tiles"),
     "Jit.traceModel": (_only(False), "models are captured at the dispatcher, not traced"),
+    "_Popart.set": (_never, "there is no PopART: graphs are compiled by the emulator's passes"),
     "Distributed.configureProcessId": (
         lambda ids: ids[1] == 1, "each process runs its own emulated IPU: replicas in other "
         "processes are not synchronised"),
@@ -457,11 +457,34 @@ class _DistributedOptions(_Settings):
         return self._set("process_id", pid)
 
 
+class _PopartOptions(_Settings):
+    """``opts._Popart``: PopART's session options, for PopTorch's advanced
+    users. There is no PopART here: options are validated, stored and logged."""
+
+    _NAME = "_Popart"
+    options = _Value[Dict[str, Any]]({}, "PopART option name -> value.")
+
+    def set(self, key: str, value: Any) -> _PopartOptions:
+        """Sets the PopART session option ``key`` to ``value``."""
+        _log_if_not_honoured("_Popart.set", (_str("_Popart.set", key), value))
+        return self._set("options", {**self.options, key: value})
+
+    def setEngineOptions(self, engine_options: Dict[str, str]) -> _PopartOptions:
+        """Sets Poplar's engine options (``engineOptions``)."""
+        return self.set("engineOptions", dict(engine_options))
+
+    def setPatterns(self, patterns: Dict[str, bool], level: int = 2) -> _PopartOptions:
+        """Enables or disables PopART's graph patterns (``patterns``), from the
+        patterns of ``level``."""
+        self.set("patterns_level", _int("_Popart.setPatterns", level, 0, "the patterns level"))
+        return self.set("patterns", dict(patterns))
+
+
 class Options(_Settings):
     """How a model is compiled and run: ``poptorch.Options`` (see the module doc)."""
 
     _GROUPS: ClassVar[Tuple[str, ...]] = ("Training", "Precision", "TensorLocations", "Jit",
-                                          "Distributed")
+                                          "Distributed", "_Popart")
 
     device_iterations = _Value(1, "Batches the device runs per call of the model.")
     replication_factor = _Value(1, "Replicas of the model running in data parallel.")
@@ -505,6 +528,7 @@ class Options(_Settings):
         self.TensorLocations = _TensorLocationOptions()
         self.Jit = _JitOptions()
         self.Distributed = _DistributedOptions()
+        self._Popart = _PopartOptions()
         cache_dir = os.environ.get("POPTORCH_CACHE_DIR")
         if cache_dir:
             self.enableExecutableCaching(cache_dir)
@@ -576,11 +600,11 @@ class Options(_Settings):
     def anchorTensor(self, short_name: str, long_name: str,
                      output_mode: Optional[OutputMode] = None,
                      output_return_period: Optional[int] = None) -> Options:
-        """PopTorch returns the tensor ``long_name`` from every call, read with
-        ``getAnchoredTensor(short_name)``; ``output_mode`` and
-        ``output_return_period`` work as in :meth:`outputMode`. The emulator
-        validates and stores the anchor but cannot return it yet (logged).
-        Anchoring a name again replaces it."""
+        """Returns the tensor ``long_name`` (one of the wrapped model's
+        ``getTensorNames()``) from every call, read with
+        ``getAnchoredTensor(short_name)``. ``output_mode`` and
+        ``output_return_period`` work as in :meth:`outputMode`; by default the
+        model's output mode applies. Anchoring a name again replaces it."""
         short = _str("anchorTensor", short_name)
         entry = (short, _str("anchorTensor", long_name),
                  None if output_mode is None else _enum("anchorTensor", OutputMode, output_mode),
@@ -590,7 +614,6 @@ class Options(_Settings):
                 raise Error("anchorTensor with OutputMode.EveryN needs output_return_period")
             entry = entry[:3] + (_int("anchorTensor", output_return_period, 1,
                                       "output_return_period"),)
-        _log_if_not_honoured("anchorTensor", entry[:2])
         kept = tuple(e for e in self.anchored_tensors if e[0] != short)
         return self._set("anchored_tensors", kept + (entry,))
 

@@ -60,18 +60,23 @@ std::shared_ptr<runtime::Program> prepareProgram() {
   return capture::PendingGraph::get().prepare(/*allow_empty=*/true);
 }
 
+// `output_gathers`: (output mode, return period) per device output, or empty
+// for `output_mode` and `return_period` for all.
 std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, const runtime::Program* update,
                                  const std::vector<at::Tensor>& device_inputs,
                                  const std::vector<at::Tensor>& host_inputs,
                                  const std::vector<at::Tensor>& device_outputs, int64_t iterations,
                                  int64_t accumulation, int64_t replicas, int output_mode,
-                                 int64_t return_period, uint64_t seed) {
+                                 int64_t return_period, uint64_t seed,
+                                 const std::vector<std::pair<int, int64_t>>& output_gathers) {
   runtime::StepShape shape;
   shape.iterations = iterations;
   shape.accumulation = accumulation;
   shape.replicas = replicas;
-  shape.output_mode = static_cast<runtime::OutputMode>(output_mode);
-  shape.return_period = return_period;
+  shape.gather = {static_cast<runtime::OutputMode>(output_mode), return_period};
+  for (const auto& [mode, period] : output_gathers) {
+    shape.output_gathers.push_back({static_cast<runtime::OutputMode>(mode), period});
+  }
   return runtime::runSteps(micro_step, update, device_inputs, host_inputs, device_outputs, shape,
                            seed);
 }
@@ -207,6 +212,11 @@ PYBIND11_MODULE(_C, m) {
             return step.writes(tensor.storage().unsafeGetStorageImpl());
           },
           "True if a variant writes the storage of `tensor` in place.");
-  m.def("run_steps", &runSteps, py::call_guard<py::gil_scoped_release>());
+  m.def("run_steps", &runSteps, py::arg("micro_step"), py::arg("update"),
+        py::arg("device_inputs"), py::arg("host_inputs"), py::arg("device_outputs"),
+        py::arg("iterations"), py::arg("accumulation"), py::arg("replicas"),
+        py::arg("output_mode"), py::arg("return_period"), py::arg("seed"),
+        py::arg("output_gathers") = std::vector<std::pair<int, int64_t>>{},
+        py::call_guard<py::gil_scoped_release>());
   setSourceLocationProvider(&pythonSourceLocation);
 }

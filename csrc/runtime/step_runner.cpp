@@ -17,17 +17,17 @@
 namespace poptorch::runtime {
 namespace {
 
-// Where micro-batch k's outputs go: a slot of the result, or nowhere.
+// Where micro-batch k's values of an output go: a slot of the result, or nowhere.
 class OutputSlots {
  public:
-  explicit OutputSlots(const StepShape& shape) : shape_(shape) {
+  OutputSlots(const StepShape& shape, const Gather& gather) : shape_(shape), gather_(gather) {
     const int64_t per_iteration = shape.accumulation * shape.replicas;
-    switch (shape.output_mode) {
+    switch (gather.mode) {
       case OutputMode::kAll:
         count_ = shape.iterations * per_iteration;
         break;
       case OutputMode::kEveryN:
-        count_ = (shape.iterations / shape.return_period) * per_iteration;
+        count_ = (shape.iterations / gather.return_period) * per_iteration;
         break;
       case OutputMode::kFinal:
       case OutputMode::kSum:
@@ -37,7 +37,7 @@ class OutputSlots {
   }
 
   int64_t count() const { return count_; }
-  bool sums() const { return shape_.output_mode == OutputMode::kSum; }
+  bool sums() const { return gather_.mode == OutputMode::kSum; }
 
   // -1 when micro-batch k returns nothing.
   int64_t slotOf(int64_t k) const {
@@ -45,12 +45,12 @@ class OutputSlots {
     const int64_t iteration = k / per_iteration;
     const int64_t within = k % per_iteration;
     const int64_t replica = k % shape_.replicas;
-    switch (shape_.output_mode) {
+    switch (gather_.mode) {
       case OutputMode::kAll:
         return k;
       case OutputMode::kEveryN:
-        if ((iteration + 1) % shape_.return_period != 0) return -1;
-        return ((iteration + 1) / shape_.return_period - 1) * per_iteration + within;
+        if ((iteration + 1) % gather_.return_period != 0) return -1;
+        return ((iteration + 1) / gather_.return_period - 1) * per_iteration + within;
       case OutputMode::kFinal:
         return k >= (shape_.iterations * per_iteration - shape_.replicas) ? replica : -1;
       case OutputMode::kSum:
@@ -61,6 +61,7 @@ class OutputSlots {
 
  private:
   StepShape shape_;
+  Gather gather_;
   int64_t count_ = 0;
 };
 
@@ -162,8 +163,10 @@ std::pair<std::unique_ptr<Program>, Lane> twinLane(const Program& micro_step,
 // while capturing, and outputs are not summed.
 bool lanesApply(const Program* micro_step, const Program* update,
                 const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-                const StepShape& shape) {
-  if (micro_step == nullptr || update != nullptr || shape.output_mode == OutputMode::kSum ||
+                const StepShape& shape, const std::vector<OutputSlots>& slots) {
+  const bool sums = std::any_of(slots.begin(), slots.end(),
+                                [](const OutputSlots& s) { return s.sums(); });
+  if (micro_step == nullptr || update != nullptr || sums ||
       micro_step->usesDefaultGenerator() ||
       shape.iterations * shape.accumulation * shape.replicas < 2) {
     return false;
@@ -177,7 +180,7 @@ bool lanesApply(const Program* micro_step, const Program* update,
 // Runs micro-batches first, first + stride, ... of `count` on `lane`, and
 // `update` (if any) after every `per_iteration`-th micro-batch.
 void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
-             const std::vector<at::Tensor>& host_inputs, const OutputSlots& slots,
+             const std::vector<at::Tensor>& host_inputs, const std::vector<OutputSlots>& slots,
              std::vector<GatheredOutput>& outputs, uint64_t seed, const Program* update = nullptr,
              int64_t per_iteration = 1) {
   for (int64_t k = first; k < count; k += stride) {
@@ -188,11 +191,9 @@ void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
         copyRowsBack(lane.inputs[j], k, host_inputs[j]);
       }
     }
-    const int64_t slot = slots.slotOf(k);
-    if (slot >= 0) {
-      for (size_t o = 0; o < outputs.size(); ++o) {
-        outputs[o].gather(slot, slots.sums(), lane.outputs[o]);
-      }
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      const int64_t slot = slots[o].slotOf(k);
+      if (slot >= 0) outputs[o].gather(slot, slots[o].sums(), lane.outputs[o]);
     }
     if (update != nullptr && (k + 1) % per_iteration == 0) update->run();
   }
@@ -202,7 +203,8 @@ void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
 // two: its threads persist between calls, and the kernels inside it run on one
 // thread each (OpenMP does not nest). A smaller team runs both lanes in turn.
 void runInTwoLanes(const Lane& first, const Lane& second, int64_t count,
-                   const std::vector<at::Tensor>& host_inputs, const OutputSlots& slots,
+                   const std::vector<at::Tensor>& host_inputs,
+                   const std::vector<OutputSlots>& slots,
                    std::vector<GatheredOutput>& outputs, uint64_t seed) {
   const Lane* lanes[] = {&first, &second};
   std::exception_ptr errors[2];
@@ -231,10 +233,17 @@ std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update
   TORCH_CHECK(device_inputs.size() == host_inputs.size(),
               "internal: host and device inputs differ in number");
   Worker::get().waitIdle();
-  const OutputSlots slots(shape);
+  TORCH_CHECK(shape.output_gathers.empty() || shape.output_gathers.size() == device_outputs.size(),
+              "internal: an output mode for some outputs only");
+  std::vector<OutputSlots> slots;
   std::vector<GatheredOutput> outputs;
+  slots.reserve(device_outputs.size());
   outputs.reserve(device_outputs.size());
-  for (const at::Tensor& d : device_outputs) outputs.emplace_back(d, slots.count());
+  for (size_t o = 0; o < device_outputs.size(); ++o) {
+    slots.emplace_back(shape, shape.output_gathers.empty() ? shape.gather
+                                                           : shape.output_gathers[o]);
+    outputs.emplace_back(device_outputs[o], slots.back().count());
+  }
 
   const int64_t per_iteration = shape.accumulation * shape.replicas;
   const int64_t count = shape.iterations * per_iteration;
@@ -242,7 +251,7 @@ std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update
       [&micro_step](uint64_t seed_salt) -> const Program& { return micro_step.run(seed_salt); },
       device_inputs, device_outputs};
   const Program* unguarded = micro_step.unguarded();
-  if (lanesApply(unguarded, update, device_inputs, device_outputs, shape)) {
+  if (lanesApply(unguarded, update, device_inputs, device_outputs, shape, slots)) {
     auto [twin, second] = twinLane(*unguarded, device_inputs, device_outputs);
     runInTwoLanes(lane, second, count, host_inputs, slots, outputs, seed);
   } else {

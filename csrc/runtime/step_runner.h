@@ -14,18 +14,24 @@ namespace poptorch::runtime {
 
 enum class OutputMode : int { kAll = 0, kFinal = 1, kEveryN = 2, kSum = 3 };
 
+// Which micro-batches' values of one output are returned, and how.
+struct Gather {
+  OutputMode mode = OutputMode::kAll;
+  int64_t return_period = 1;  // kEveryN: every return_period-th iteration
+};
+
 struct StepShape {
   int64_t iterations = 1;
   int64_t accumulation = 1;
   int64_t replicas = 1;
-  OutputMode output_mode = OutputMode::kAll;
-  int64_t return_period = 1;  // kEveryN: every return_period-th iteration
+  Gather gather;  // of every output without one of its own
+  std::vector<Gather> output_gathers;  // per output (PopTorch's anchored tensors), or empty
 };
 
 // Micro-batch k (ordered by iteration, then accumulation step, then replica)
 // is rows [k*b, (k+1)*b) of every host input, b being the device input's first
 // dimension. After each run of `micro_step` the device outputs are gathered
-// per the output mode into host tensors, which are returned. `update` (may be
+// per their output mode into host tensors, which are returned. `update` (may be
 // null) runs after each iteration's micro-batches. A micro-step whose guards
 // fail is captured again (see StepVariants) and the loop goes on.
 std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update,

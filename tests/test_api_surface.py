@@ -1,0 +1,167 @@
+"""PopTorch's public API, name by name: each exists here and is documented.
+
+The names come from PopTorch's API reference and user guide (module functions
+and classes, Options and its groups, PoplarExecutor, poptorch.optim). Names of
+features that belong to other open issues are listed in EXPECTED_MISSING with
+the issue: the test fails if one of them appears, so that the list shrinks
+with the work.
+"""
+import inspect
+
+import pytest
+import torch
+
+import poptorch
+
+MODULE = [
+    # model wrapping
+    "trainingModel", "inferenceModel", "PoplarExecutor", "isRunningOnIpu",
+    # options and enumerations
+    "Options", "TensorLocationSettings", "enums", "OutputMode", "ReductionType",
+    "MeanReductionStrategy", "DataLoaderMode", "SharingStrategy", "ConnectionType",
+    "HalfFloatCastingBehavior", "SyncPattern", "MatMulSerializationMode", "Liveness",
+    "OverlapMode", "AutoStage", "MultiConvPlanType", "CommGroupType", "VariableRetrievalMode",
+    # data
+    "DataLoader", "AsynchronousDataAccessor",
+    # helpers
+    "ipuHardwareIsAvailable", "ipuHardwareVersion", "setLogLevel", "registerPreCompileHook",
+    "registerPostCompileHook", "module_repr", "print", "identity_loss", "ICustomArgParser",
+    "registerCustomArgParser",
+    # errors
+    "Error", "RecoverableError", "UnrecoverableError",
+    # optimisers
+    "optim",
+    # multi-IPU (issue 11)
+    "BeginBlock", "Block", "BlockFunction", "removeBlocks", "Stage", "Phase",
+    "PipelinedExecution", "ShardedExecution", "SerialPhasedExecution",
+    "ParallelPhasedExecution", "recomputationCheckpoint",
+    # PopTorch ops, precision, precompilation, profiling (issue 12)
+    "load", "autocast", "autocasting", "profiling", "Attribute", "ipu_print_tensor", "nop",
+    "for_loop", "cond", "dynamic_slice", "dynamic_update", "CPU", "custom_op", "MultiConv",
+    "NameScope", "ctc_beam_search_decoder", "fps", "nearest", "serializedMatMul",
+    "set_available_memory", "set_overlap_for_input", "set_overlap_for_output",
+]
+
+OPTIONS = {
+    "Options": [
+        "deviceIterations", "replicationFactor", "inputReplicaGrouping", "outputMode",
+        "defaultOutputMode", "anchorTensor", "randomSeed", "updatableNamedBuffers",
+        "relaxOptimizerAttributesChecks", "showCompilationProgressBar",
+        "enableExecutableCaching", "sourceLocationExcludes", "appendToLocationExcludes",
+        "useIpuModel", "useIpuId", "useOfflineIpuTarget", "autoRoundNumIPUs",
+        "setExecutionStrategy", "connectionType", "syncPattern", "setAvailableMemoryProportion",
+        "enableStableNorm", "enableSyntheticData", "enableProfiling", "modelName", "logDir",
+        "logCycleCount", "broadcastBuffers", "disableModuleNamescope", "loadFromFile", "toDict",
+        "clone", "Training", "Precision", "TensorLocations", "Jit", "Distributed", "_Popart"],
+    "Options.Training": [
+        "gradientAccumulation", "accumulationAndReplicationReductionType",
+        "setMeanAccumulationAndReplicationReductionStrategy", "setAutomaticLossScaling",
+        "setConvolutionDithering"],
+    "Options.Precision": [
+        "halfFloatCasting", "runningStatisticsAlwaysFloat", "enableFloatingPointExceptions",
+        "enableStochasticRounding", "setPartialsType", "autocastEnabled", "autocastPolicy"],
+    "Options.TensorLocations": [
+        "numIOTiles", "setActivationLocation", "setWeightLocation", "setOptimizerLocation",
+        "setAccumulatorLocation"],
+    "Options.Jit": ["traceModel"],
+    "Options.Distributed": [
+        "configureProcessId", "disable", "setEnvVarNames", "processId", "numProcesses"],
+    "Options._Popart": ["set", "setEngineOptions", "setPatterns"],
+    "TensorLocationSettings": [
+        "minElementsForOffChip", "minElementsForReplicatedTensorSharding", "useOnChipStorage",
+        "useReplicatedTensorSharding", "useIOTilesToLoad", "useIOTilesToStore"],
+}
+
+EXECUTOR = [
+    "__call__", "compile", "isCompiled", "isAttachedToDevice", "setOptimizer",
+    "copyWeightsToHost", "copyWeightsToDevice", "copyWeightsToHostIfNeeded",
+    "copyNamedBuffersToDevice", "load_state_dict", "detachFromDevice", "attachToDevice",
+    "destroy", "model", "options", "getTensorNames", "getAnchoredTensor", "rng_state",
+    # precompilation and profiling (issue 12)
+    "compileAndExport", "save", "loadExecutable", "cycleCount", "compilationTime",
+    "getPerfCounters", "getHostIpuLatency", "getComputeLatency", "getIpuHostLatency",
+    "getLatency",
+]
+
+OPTIM = ["Optimizer", "VariableAttributes", "VariableAttributes.isConstant",
+         "VariableAttributes.markAsConstant", "VariableAttributes.markAsVariable", "SGD",
+         "Adam", "AdamW", "RMSprop", "LAMB"]
+
+DATA = ["DataLoader.combinedBatchSize", "DataLoader.options", "DataLoader.terminate",
+        "AsynchronousDataAccessor.terminate", "AsynchronousDataAccessor.__len__"]
+
+ISSUE_11 = "issue 11 (multi-IPU: annotations and execution strategies)"
+ISSUE_12 = "issue 12 (PopTorch ops, precision, precompilation, profiling)"
+ISSUE_14 = "issue 14 (distributed execution)"
+EXPECTED_MISSING = {
+    **{f"poptorch.{name}": ISSUE_11 for name in (
+        "BeginBlock", "Block", "BlockFunction", "removeBlocks", "Stage", "Phase",
+        "PipelinedExecution", "ShardedExecution", "SerialPhasedExecution",
+        "ParallelPhasedExecution", "recomputationCheckpoint")},
+    **{f"poptorch.{name}": ISSUE_12 for name in (
+        "load", "autocast", "autocasting", "profiling", "Attribute", "ipu_print_tensor", "nop",
+        "for_loop", "cond", "dynamic_slice", "dynamic_update", "CPU", "custom_op", "MultiConv",
+        "NameScope", "ctc_beam_search_decoder", "fps", "nearest", "serializedMatMul",
+        "set_available_memory", "set_overlap_for_input", "set_overlap_for_output")},
+    "Options.Precision.autocastPolicy": ISSUE_12,
+    **{f"PoplarExecutor.{name}": ISSUE_12 for name in (
+        "compileAndExport", "save", "loadExecutable", "cycleCount", "compilationTime",
+        "getPerfCounters", "getHostIpuLatency", "getComputeLatency", "getIpuHostLatency",
+        "getLatency")},
+    **{f"Options.Distributed.{name}": ISSUE_14 for name in (
+        "disable", "setEnvVarNames", "processId", "numProcesses")},
+}
+
+
+def _names():
+    yield from (f"poptorch.{name}" for name in MODULE)
+    yield from (f"{group}.{name}" for group, names in OPTIONS.items() for name in names)
+    yield from (f"PoplarExecutor.{name}" for name in EXECUTOR)
+    yield from (f"poptorch.optim.{name}" for name in OPTIM)
+    yield from (f"poptorch.{name}" for name in DATA)
+
+
+def _lookup(name):
+    """The object a name refers to; AttributeError if it does not exist."""
+    roots = {"poptorch": poptorch, "Options": poptorch.Options(),
+             "TensorLocationSettings": poptorch.TensorLocationSettings,
+             "PoplarExecutor": poptorch.PoplarExecutor}
+    head, *path = name.split(".")
+    target = roots[head]
+    for part in path:
+        # Class attributes as defined (a property, not its value), else the attribute.
+        static = inspect.getattr_static(target, part) if not inspect.ismodule(target) else None
+        target = static if isinstance(static, property) else getattr(target, part)
+    return target
+
+
+NAMES = list(_names())
+
+
+def test_the_lists_have_no_duplicates_and_expected_missing_names_are_listed():
+    assert len(NAMES) == len(set(NAMES))
+    assert set(EXPECTED_MISSING) <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_name_exists_and_is_documented(name):
+    try:
+        target = _lookup(name)
+    except AttributeError:
+        target = None
+    if name in EXPECTED_MISSING:
+        assert target is None, (f"{name} exists now: remove it from EXPECTED_MISSING "
+                                f"({EXPECTED_MISSING[name]}) so that it is checked")
+        return
+    assert target is not None, f"{name} is missing"
+    doc = inspect.getdoc(target)
+    assert doc and doc.strip(), f"{name} has no docstring"
+
+
+def test_the_model_given_to_training_model_gets_destroy():
+    model = torch.nn.Linear(2, 2)
+    training = poptorch.trainingModel(model)  # the model is wrapped while this lives
+    for name in ("destroy", "copyWeightsToHostIfNeeded"):
+        assert inspect.getdoc(getattr(model, name)), name
+    training.destroy()
+
