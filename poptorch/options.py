@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import inspect
 import os
 from typing import (Any, Callable, ClassVar, Dict, Generic, Iterator, List, Optional, Tuple,
                     TypeVar, Union, overload)
@@ -293,24 +294,22 @@ class _TrainingOptions(_Settings):
 
     def setMeanAccumulationAndReplicationReductionStrategy(
             self, mean_reduction_strategy: MeanReductionStrategy) -> _TrainingOptions:
-        """When a ``Mean`` reduction divides by the number of micro-batches.
-        The emulator accumulates the sum and divides once at the update
-        (``Post``); ``Running`` and ``PostAndLoss`` give the same values up to
-        rounding, and setting them logs so."""
+        """When a ``Mean`` reduction divides by the number of micro-batches:
+        ``Running`` keeps the accumulator as the running mean, ``Post`` divides
+        once after accumulating, ``PostAndLoss`` divides by the replicas before
+        the backward pass."""
         return self._set_not_honoured(
             "setMeanAccumulationAndReplicationReductionStrategy", "mean_reduction_strategy",
             _enum("Training.setMeanAccumulationAndReplicationReductionStrategy",
                   MeanReductionStrategy, mean_reduction_strategy))
 
     def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:
-        """Let the loss scaling factor adapt itself during training. Not done by
-        the emulator (logged): losses keep the optimiser's ``loss_scaling``."""
+        """Let the loss scaling factor adapt itself during training."""
         return self._set_not_honoured("setAutomaticLossScaling", "automatic_loss_scaling",
                                       _bool("Training.setAutomaticLossScaling", enabled))
 
     def setConvolutionDithering(self, enabled: bool) -> _TrainingOptions:
-        """Lay out convolutions with different parameters from different tiles.
-        A tile-placement choice: the emulator has no tiles (logged)."""
+        """Lay out convolutions with different parameters from different tiles."""
         return self._set_not_honoured("setConvolutionDithering", "convolution_dithering",
                                       _bool("Training.setConvolutionDithering", enabled))
 
@@ -328,51 +327,45 @@ class _PrecisionOptions(_Settings):
     autocast_enabled = _Value(False, "Cast operations to half automatically.")
 
     def halfFloatCasting(self, behavior: HalfFloatCastingBehavior) -> _PrecisionOptions:
-        """What an op mixing float16 and float32 computes in. The emulator
-        follows PyTorch's promotion (``HalfUpcastToFloat``); others are logged."""
+        """What an op mixing float16 and float32 computes in."""
         return self._set_not_honoured("halfFloatCasting", "half_float_casting", _enum(
             "Precision.halfFloatCasting", HalfFloatCastingBehavior, behavior))
 
     def runningStatisticsAlwaysFloat(self, value: bool) -> _PrecisionOptions:
-        """Keep the running statistics of norm layers in float32. The emulator
-        keeps the dtype of the module's buffers (True is logged)."""
+        """Keep the running statistics of norm layers in float32."""
         return self._set_not_honoured(
             "runningStatisticsAlwaysFloat", "running_statistics_always_float",
             _bool("Precision.runningStatisticsAlwaysFloat", value))
 
     def enableStochasticRounding(self, enabled: bool) -> _PrecisionOptions:
-        """Round float16 results stochastically on the IPU. The host rounds to
-        nearest (True is logged)."""
+        """Round float16 results stochastically on the IPU."""
         return self._set_not_honoured("enableStochasticRounding", "stochastic_rounding",
                                       _bool("Precision.enableStochasticRounding", enabled))
 
     def enableFloatingPointExceptions(self, enabled: bool) -> _PrecisionOptions:
         """Raise an error when the IPU meets an invalid operation (inf - inf,
-        division by zero, 0 x inf, a comparison with NaN...). The host computes
-        IEEE 754 results (inf, NaN) without raising (True is logged)."""
+        division by zero, 0 x inf, a comparison with NaN...)."""
         return self._set_not_honoured("enableFloatingPointExceptions",
                                       "floating_point_exceptions",
                                       _bool("Precision.enableFloatingPointExceptions", enabled))
 
     def setPartialsType(self, dtype: torch.dtype) -> _PrecisionOptions:
         """The dtype of the partial results of matmuls and convolutions
-        (``torch.float32`` or ``torch.float16``). Host kernels choose their
-        own (float16 is logged)."""
+        (``torch.float32`` or ``torch.float16``)."""
         if dtype not in (torch.float32, torch.float16):
             raise Error(f"Precision.setPartialsType takes torch.float32 or torch.float16, "
                         f"got {_show(dtype)}")
         return self._set_not_honoured("setPartialsType", "partials_type", dtype)
 
     def autocastEnabled(self, enabled: bool) -> _PrecisionOptions:
-        """Turn PopTorch's automatic casting to float16 on or off. The emulator
-        casts nothing automatically (True is logged)."""
+        """Turn PopTorch's automatic casting to float16 on or off."""
         return self._set_not_honoured("autocastEnabled", "autocast_enabled",
                                       _bool("Precision.autocastEnabled", enabled))
 
 
 class _TensorLocationOptions(_Settings):
     """``opts.TensorLocations``: where activations, weights... live. Stored and
-    validated; the emulator keeps every tensor in host memory (logged)."""
+    validated; the emulator keeps every tensor in host memory."""
 
     _NAME = "TensorLocations"
     activation_location = _Value(None, "Settings for activations.")
@@ -419,8 +412,7 @@ class _JitOptions(_Settings):
     trace_model = _Value(False, "Capture with torch.jit.trace instead of the dispatcher.")
 
     def traceModel(self, trace_model: bool) -> _JitOptions:
-        """Capture with ``torch.jit.trace`` (True) or at PyTorch's dispatcher
-        (False). The emulator always captures at the dispatcher (True is logged)."""
+        """Capture with ``torch.jit.trace`` (True) or at PyTorch's dispatcher (False)."""
         return self._set_not_honoured("traceModel", "trace_model",
                                       _bool("Jit.traceModel", trace_model))
 
@@ -445,8 +437,7 @@ class _DistributedOptions(_Settings):
 
     def configureProcessId(self, process_id: int, num_processes: int) -> _DistributedOptions:
         """This process's index among ``num_processes``: the DataLoader gives it
-        its share of the dataset. Replicas in other processes are not
-        synchronised by the emulator (logged)."""
+        its share of the dataset."""
         num = _int("Distributed.configureProcessId", num_processes, 1, "the number of processes")
         pid = _int("Distributed.configureProcessId", process_id, 0, "the process id")
         if pid >= num:
@@ -647,16 +638,14 @@ class Options(_Settings):
                          _bool("showCompilationProgressBar", show))
 
     def enableExecutableCaching(self, path: Optional[Union[str, os.PathLike[str]]]) -> Options:
-        """PopTorch caches executables in ``path`` (None: off); here the
-        in-memory cache always serves, and the path is stored (logged)."""
+        """Caches compiled executables in ``path`` (None: off)."""
         return self._set_not_honoured(
             "enableExecutableCaching", "executable_cache_dir",
             None if path is None else _str("enableExecutableCaching", path))
 
     def sourceLocationExcludes(self, excludes: List[str]) -> Options:
         """Replaces the path fragments of the frames skipped when PopTorch names
-        the source line of an op. The emulator's errors name the first frame
-        outside torch and poptorch (logged)."""
+        the source line of an op."""
         if isinstance(excludes, str) or not all(isinstance(e, str) for e in excludes):
             raise Error(f"sourceLocationExcludes takes a list of strings, got {excludes!r}")
         _log_if_not_honoured("sourceLocationExcludes", list(excludes))
@@ -668,21 +657,18 @@ class Options(_Settings):
 
     # -- what the IPU hardware does, which the emulator does not (see _NOT_HONOURED)
     def useIpuModel(self, use_model: bool) -> Options:
-        """Run on the IPU Model (True) or on IPU hardware. There is no hardware
-        here: the IPU Model always runs (False is logged)."""
+        """Run on the IPU Model (True) or on IPU hardware."""
         return self._set_not_honoured("useIpuModel", "use_ipu_model",
                                       _bool("useIpuModel", use_model))
 
     def useIpuId(self, ipu_id: int) -> Options:
-        """The id (from ``gc-info``) of the IPU device to run on. There is one
-        emulated device (logged)."""
+        """The id (from ``gc-info``) of the IPU device to run on."""
         return self._set_not_honoured("useIpuId", "ipu_id",
                                       _int("useIpuId", ipu_id, 0, "the IPU id"))
 
     def useOfflineIpuTarget(self, ipu_version: int = 2) -> Options:
         """Compile for an IPU of ``ipu_version`` (1, 2 or 21) that is not
-        attached (``ConnectionType.Never``). The emulated IPU Model is always
-        attached, so models compiled this way also run (logged)."""
+        attached (``ConnectionType.Never``)."""
         version = _int("useOfflineIpuTarget", ipu_version, 1, "the IPU version")
         if version not in (1, 2, 21):
             raise Error(f"useOfflineIpuTarget({version}) is invalid: the IPU version is 1, 2 "
@@ -700,8 +686,7 @@ class Options(_Settings):
         return self._set_not_honoured("setExecutionStrategy", "execution_strategy", strategy)
 
     def connectionType(self, connection_type: ConnectionType) -> Options:
-        """When to attach to the IPU: ``Always``, ``OnDemand`` or ``Never``.
-        The emulated IPU is always attached (others are logged)."""
+        """When to attach to the IPU: ``Always``, ``OnDemand`` or ``Never``."""
         return self._set_not_honoured("connectionType", "connection_type", _enum(
             "connectionType", ConnectionType, connection_type))
 
@@ -728,8 +713,7 @@ class Options(_Settings):
                                       "available_memory_proportion", proportions)
 
     def enableStableNorm(self, enabled: bool) -> Options:
-        """Use the stable, slower form of norm operators. The host's norm
-        kernels are always the stable ones (False is logged)."""
+        """Use the stable, slower form of norm operators."""
         return self._set_not_honoured("enableStableNorm", "stable_norm",
                                       _bool("enableStableNorm", enabled))
 
@@ -787,3 +771,19 @@ class Options(_Settings):
         """
         load_config_file(self, filepath)
         return self
+
+
+def _note_what_the_emulator_does() -> None:
+    """Ends the docstring of each setter of _NOT_HONOURED with what the emulator does."""
+    classes = {"": Options, "Training": _TrainingOptions, "Precision": _PrecisionOptions,
+               "TensorLocations": _TensorLocationOptions, "Jit": _JitOptions,
+               "Distributed": _DistributedOptions, "_Popart": _PopartOptions}
+    for option, (_, why) in _NOT_HONOURED.items():
+        group, _, name = option.rpartition(".")
+        setter = vars(classes[group])[name]
+        setter.__doc__ = (f"{inspect.cleandoc(setter.__doc__ or '')}\n\nOn the emulated IPU "
+                          f"Model: {why}. A value it does not act on is stored and logged at "
+                          f"INFO.")
+
+
+_note_what_the_emulator_does()

@@ -427,6 +427,8 @@ def test_every_not_honoured_entry_names_a_setter():
         for group in groups:
             target = getattr(target, group)
         assert callable(getattr(target, method)), option
+        why = _NOT_HONOURED[option][1]
+        assert f"On the emulated IPU Model: {why}." in getattr(target, method).__doc__, option
 
 
 def test_the_progress_bar_can_be_hidden(capsys):
