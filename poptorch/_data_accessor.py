@@ -74,7 +74,7 @@ def _load(source: Iterable[Any], rebatched_size: Optional[int], drop_last: bool,
 
 
 class AsynchronousDataAccessor:
-    """Loads the batches of ``dataset_or_loader`` (any iterable, usually a
+    """Loads the batches of ``dataset`` (any iterable, usually a
     DataLoader) ahead of the consumer on a background thread, up to
     ``buffer_size`` of them, and yields them in order.
 
@@ -91,7 +91,7 @@ class AsynchronousDataAccessor:
     unused: the consumer wakes as soon as a batch is queued.
     """
 
-    def __init__(self, dataset_or_loader: Iterable[Any], buffer_size: int = 3,
+    def __init__(self, dataset: Iterable[Any], buffer_size: int = 3,
                  miss_sleep_time_in_ms: float = 0.1, load_indefinitely: bool = True,
                  early_preload: bool = False,
                  sharing_strategy: SharingStrategy = SharingStrategy.FileSystem,
@@ -103,18 +103,18 @@ class AsynchronousDataAccessor:
         if not isinstance(sharing_strategy, SharingStrategy):
             raise Error(f"sharing_strategy must be a poptorch.SharingStrategy, "
                         f"got {sharing_strategy!r}")
-        if getattr(dataset_or_loader, "_accessor", None) is not None:
+        if getattr(dataset, "_accessor", None) is not None:
             raise Error("this poptorch.DataLoader loads asynchronously already (its mode is "
                         "Async or AsyncRebatched): iterate it directly, or create it with "
                         "mode=poptorch.DataLoaderMode.Sync to wrap it in an "
                         "AsynchronousDataAccessor")
-        self._source = dataset_or_loader
+        self._source = dataset
         self._buffer_size = buffer_size
         del miss_sleep_time_in_ms  # _POLL_SECONDS only paces the liveness check of the thread
         self._load_indefinitely = load_indefinitely
         self._sharing_strategy = sharing_strategy
         self._rebatched_size = rebatched_size
-        self._drop_last = bool(getattr(dataset_or_loader, "rebatched_drop_last", True))
+        self._drop_last = bool(getattr(dataset, "rebatched_drop_last", True))
         self._queue: "queue.Queue[Any]" = queue.Queue(maxsize=buffer_size)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None

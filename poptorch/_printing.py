@@ -12,9 +12,10 @@ def _indent(text: str, spaces: int) -> str:
     return ("\n" + " " * spaces).join(text.split("\n"))
 
 
-def module_repr(module: torch.nn.Module) -> str:
-    """``repr(module)``, with the forward pre-hooks of each module (such as
+def module_repr(m: torch.nn.Module) -> str:
+    """``repr(m)``, with the forward pre-hooks of each module (such as
     block annotations) written before its name."""
+    module = m
     extra = module.extra_repr()
     extra_lines = extra.split("\n") if extra else []
     child_lines = [f"({name}): {_indent(module_repr(child) if child is not None else 'None', 2)}"

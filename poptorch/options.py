@@ -326,10 +326,11 @@ class _PrecisionOptions(_Settings):
     partials_type = _Value(torch.float32, "The dtype of matmul and convolution partials.")
     autocast_enabled = _Value(False, "Cast operations to half automatically.")
 
-    def halfFloatCasting(self, behavior: HalfFloatCastingBehavior) -> _PrecisionOptions:
+    def halfFloatCasting(self, half_float_casting: HalfFloatCastingBehavior
+                         ) -> _PrecisionOptions:
         """What an op mixing float16 and float32 computes in."""
         return self._set_not_honoured("halfFloatCasting", "half_float_casting", _enum(
-            "Precision.halfFloatCasting", HalfFloatCastingBehavior, behavior))
+            "Precision.halfFloatCasting", HalfFloatCastingBehavior, half_float_casting))
 
     def runningStatisticsAlwaysFloat(self, value: bool) -> _PrecisionOptions:
         """Keep the running statistics of norm layers in float32."""
@@ -357,10 +358,10 @@ class _PrecisionOptions(_Settings):
                         f"got {_show(dtype)}")
         return self._set_not_honoured("setPartialsType", "partials_type", dtype)
 
-    def autocastEnabled(self, enabled: bool) -> _PrecisionOptions:
+    def autocastEnabled(self, autocast_enabled: bool) -> _PrecisionOptions:
         """Turn PopTorch's automatic casting to float16 on or off."""
         return self._set_not_honoured("autocastEnabled", "autocast_enabled",
-                                      _bool("Precision.autocastEnabled", enabled))
+                                      _bool("Precision.autocastEnabled", autocast_enabled))
 
 
 class _TensorLocationOptions(_Settings):
@@ -722,10 +723,12 @@ class Options(_Settings):
         return self._set_not_honoured("enableSyntheticData", "synthetic_data",
                                       _bool("enableSyntheticData", enabled))
 
-    def enableProfiling(self, profile_dir: Union[str, os.PathLike[str]] = "profile") -> Options:
-        """Write PopVision profiling reports to ``profile_dir``."""
+    def enableProfiling(self, profile_dir: Optional[Union[str, os.PathLike[str]]] = None
+                        ) -> Options:
+        """Write PopVision profiling reports to ``profile_dir`` (None: the
+        current directory)."""
         return self._set_not_honoured("enableProfiling", "profile_dir",
-                                      _str("enableProfiling", profile_dir))
+                                      _str("enableProfiling", profile_dir or "."))
 
     def modelName(self, name: str) -> Options:
         """The model's name, which names its profiling reports."""

@@ -165,3 +165,71 @@ def test_the_model_given_to_training_model_gets_destroy():
         assert inspect.getdoc(getattr(model, name)), name
     training.destroy()
 
+
+
+# PopTorch's parameter names (ours may take more after them), so that keyword
+# arguments written for PopTorch work.
+SIGNATURES = {
+    "poptorch.trainingModel": "model options optimizer",
+    "poptorch.inferenceModel": "model options",
+    "poptorch.setLogLevel": "level",
+    "poptorch.module_repr": "m",
+    "poptorch.registerPreCompileHook": "hook",
+    "poptorch.registerPostCompileHook": "hook",
+    "poptorch.DataLoader": "options dataset batch_size shuffle num_workers drop_last "
+                           "persistent_workers auto_distributed_partitioning mode async_options "
+                           "rebatched_worker_size kwargs",
+    "poptorch.AsynchronousDataAccessor": "dataset buffer_size miss_sleep_time_in_ms "
+                                         "load_indefinitely early_preload sharing_strategy "
+                                         "rebatched_size",
+    "Options.outputMode": "output_mode output_return_period",
+    "Options.anchorTensor": "short_name long_name output_mode output_return_period",
+    "Options.inputReplicaGrouping": "input_group_size input_group_type",
+    "Options.useOfflineIpuTarget": "ipu_version",
+    "Options.enableProfiling": "profile_dir",
+    "Options.relaxOptimizerAttributesChecks": "relax",
+    "Options.showCompilationProgressBar": "show",
+    "Options.setAvailableMemoryProportion": "available_memory_proportion",
+    "Options.autoRoundNumIPUs": "auto_round_num_ipus",
+    "Options.updatableNamedBuffers": "buffers",
+    "Options.Training.gradientAccumulation": "gradient_accumulation",
+    "Options.Training.accumulationAndReplicationReductionType": "reduction_type",
+    "Options.Training.setMeanAccumulationAndReplicationReductionStrategy":
+        "mean_reduction_strategy",
+    "Options.Precision.halfFloatCasting": "half_float_casting",
+    "Options.Precision.autocastEnabled": "autocast_enabled",
+    "Options.Precision.setPartialsType": "dtype",
+    "Options.Precision.enableFloatingPointExceptions": "enabled",
+    "Options.Precision.enableStochasticRounding": "enabled",
+    "Options.Precision.runningStatisticsAlwaysFloat": "value",
+    "Options.TensorLocations.numIOTiles": "num_tiles",
+    "Options.Distributed.configureProcessId": "process_id num_processes",
+    "PoplarExecutor.load_state_dict": "state_dict strict",
+    "poptorch.optim.SGD": "params lr momentum dampening weight_decay nesterov maximize foreach "
+                          "differentiable loss_scaling velocity_scaling use_combined_accum "
+                          "accum_type velocity_accum_type max_grad_norm",
+    "poptorch.optim.Adam": "params lr betas eps weight_decay amsgrad foreach maximize capturable "
+                           "differentiable fused loss_scaling accum_type "
+                           "first_order_momentum_accum_type second_order_momentum_accum_type "
+                           "max_grad_norm",
+    "poptorch.optim.AdamW": "params lr betas eps weight_decay amsgrad maximize foreach "
+                            "capturable differentiable fused loss_scaling bias_correction "
+                            "accum_type first_order_momentum_accum_type "
+                            "second_order_momentum_accum_type max_grad_norm",
+    "poptorch.optim.RMSprop": "params lr alpha eps weight_decay momentum centered foreach "
+                              "maximize differentiable loss_scaling accum_type "
+                              "first_order_momentum_accum_type "
+                              "second_order_momentum_accum_type use_tf_variant",
+    "poptorch.optim.LAMB": "params lr betas eps weight_decay bias_correction loss_scaling "
+                           "max_weight_norm accum_type first_order_momentum_accum_type "
+                           "second_order_momentum_accum_type",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_parameters_are_named_as_in_poptorch(name):
+    target = _lookup(name)
+    function = target.__init__ if inspect.isclass(target) else target
+    names = [p for p in inspect.signature(function).parameters if p != "self"]
+    expected = SIGNATURES[name].split()
+    assert names[:len(expected)] == expected
