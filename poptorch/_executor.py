@@ -381,6 +381,11 @@ class PoplarExecutor(WrapperState):
                                     self._accumulation, o.replication_factor, native[mode],
                                     o.output_return_period, seed, gathers))
         self._write_back(self._given, host_inputs)
+        if self._training:
+            # The optimiser stepped, on the device: an LR scheduler stepped
+            # after this call must not warn that it came first (PyTorch's
+            # scheduler looks for this mark of optimizer.step()).
+            self._optimizer._opt_called = True
         # IPUs have no 64-bit integers: PopTorch returns int32, and so do we.
         leaves_out = [_int32_if_int64(next(results)) if isinstance(x, torch.Tensor) else x
                       for x in step.out_leaves]

@@ -6,6 +6,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import poptorch
 
@@ -208,3 +209,61 @@ def test_inference_of_a_model_in_train_mode_runs_it_in_train_mode():
     x = torch.randn(6, 4)
     torch.testing.assert_close(ipu(x), reference(x))  # batch statistics, as on the CPU
     torch.testing.assert_close(model[1].running_mean, reference[1].running_mean)
+
+
+def _ctc(h):
+    log_probs = h.reshape(4, 3, 4).log_softmax(2)  # (time, batch, classes)
+    targets = torch.tensor([[1, 2], [3, 3], [2, 1]])
+    return F.ctc_loss(log_probs, targets, torch.full((3,), 4), torch.full((3,), 2))
+
+
+DATA_DEPENDENT_LOOKING = {
+    "max": lambda h: h.max(),
+    "max_dim": lambda h: h.max(dim=1).values.sum(),
+    "min": lambda h: h.min(),
+    "median": lambda h: h.median(),
+    "prod": lambda h: h.prod(dim=1).sum(),
+    "cumprod": lambda h: h.cumprod(dim=1).sum(),
+    "advanced_indexing": lambda h: h[h.argmax(dim=0) % h.shape[0]].sum(),
+    "ctc_loss": _ctc,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DATA_DEPENDENT_LOOKING))
+def test_backward_of_ops_that_look_data_dependent_trains_like_the_cpu(name):
+    loss_of = DATA_DEPENDENT_LOOKING[name]
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return loss_of(self.lin(x))
+
+    torch.manual_seed(0)
+    model = Model()
+    reference = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for seed in range(3):
+        x = torch.randn(12, 4, generator=torch.Generator().manual_seed(seed))
+        loss = ipu(x)
+        optimizer.zero_grad()
+        ref_loss = reference(x)
+        ref_loss.backward()
+        optimizer.step()
+        torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.lin.weight, reference.lin.weight, rtol=1e-5, atol=1e-5)
+
+
+def test_a_learning_rate_scheduler_stepped_after_a_call_does_not_warn(recwarn):
+    model = DropsInTraining()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    ipu = poptorch.trainingModel(model, None, optimizer)
+    ipu(torch.randn(4, 8), torch.randn(4, 8))
+    scheduler.step()
+    ipu.setOptimizer(optimizer)
+    assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
