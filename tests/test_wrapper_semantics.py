@@ -267,3 +267,43 @@ def test_a_learning_rate_scheduler_stepped_after_a_call_does_not_warn(recwarn):
     ipu.setOptimizer(optimizer)
     assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+class ReturnsItsLoss(torch.nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.how = how
+
+    def forward(self, x, t):
+        y = self.lin(x)
+        if self.how == "functional":
+            return y, F.cross_entropy(y, t)
+        if self.how == "module made in forward":
+            return y, torch.nn.CrossEntropyLoss()(y, t)
+        return y, F.cross_entropy(y, t), F.nll_loss(y.log_softmax(1), t)  # two losses
+
+
+@pytest.mark.parametrize("how", ["functional", "module made in forward"])
+def test_the_loss_the_model_returns_is_the_one_trained(how):
+    torch.manual_seed(0)
+    model = ReturnsItsLoss(how)
+    reference = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for seed in range(2):
+        g = torch.Generator().manual_seed(seed)
+        x, t = torch.randn(5, 4, generator=g), torch.randint(0, 3, (5,), generator=g)
+        _, loss = ipu(x, t)
+        optimizer.zero_grad()
+        _, ref_loss = reference(x, t)
+        ref_loss.backward()
+        optimizer.step()
+        torch.testing.assert_close(loss, ref_loss.detach())
+    torch.testing.assert_close(model.lin.weight, reference.lin.weight)
+
+
+def test_several_returned_losses_must_be_combined():
+    ipu = poptorch.trainingModel(ReturnsItsLoss("two"))
+    with pytest.raises(poptorch.Error, match="2 scalar losses.*identity_loss"):
+        ipu(torch.randn(5, 4), torch.randint(0, 3, (5,)))
