@@ -17,6 +17,41 @@ def cpu_error(f: Callable[[str], object]) -> BaseException:
     return info.value
 
 
+# Errors the CPU kernel raises from its arguments alone: the ipu raises them at the call too.
+ARGUMENT_ERRORS = {
+    "elu_ of an expanded tensor": lambda d: torch.nn.functional.elu_(
+        torch.ones(1, 3, device=d).expand(3, 3)),
+    "mul_ of an expanded tensor": lambda d: torch.ones(1, 3, device=d).expand(3, 3).mul_(2),
+    "clamp_ of an expanded tensor": lambda d: torch.ones(1, 3, device=d).expand(3, 3).clamp_(0, 1),
+    "add_ of an overlapping view": lambda d: (lambda a: a[1:].add_(a[:-1]))(
+        torch.ones(5, device=d)),
+    "sigmoid_ of a transposed view of itself": lambda d: (lambda a: a.t().sigmoid_())(
+        torch.ones(1, 3, device=d).expand(3, 3)),
+    "add out= of a dtype it cannot hold": lambda d: torch.add(
+        torch.randn(3, device=d), 1, out=torch.empty(3, dtype=torch.int64, device=d)),
+    "mm out= of a dtype it cannot hold": lambda d: torch.mm(
+        torch.randn(3, 3, device=d), torch.randn(3, 3, device=d),
+        out=torch.empty(3, 3, dtype=torch.int64, device=d)),
+    "bmm of mixed dtypes": lambda d: torch.bmm(torch.randn(1, 2, 2, device=d),
+                                               torch.randn(1, 2, 2, device=d).half()),
+    "topk beyond the size": lambda d: torch.topk(torch.randn(3, device=d), 5),
+    "gather with a float index": lambda d: torch.gather(torch.zeros(3, device=d), 0,
+                                                        torch.tensor([0.0], device=d)),
+    "index_add_ of another dtype": lambda d: torch.zeros(3, device=d).index_add_(
+        0, torch.tensor([0], device=d), torch.ones(1, dtype=torch.int64, device=d)),
+}
+
+
+@pytest.mark.parametrize("case", ARGUMENT_ERRORS)
+def test_an_argument_error_is_raised_at_the_call(case):
+    f = ARGUMENT_ERRORS[case]
+    expected = cpu_error(f)
+    with pytest.raises(type(expected)) as raised:
+        f("ipu")
+    assert str(raised.value).splitlines()[0] == str(expected).splitlines()[0]
+    poptorch.synchronize()  # and nothing deferred either
+
+
 RUNTIME_FAILURES = {
     "gather": lambda d: torch.gather(torch.arange(4.0, device=d), 0, torch.tensor([7], device=d)),
     "index_select": lambda d: torch.index_select(torch.arange(4.0, device=d), 0,

@@ -1,6 +1,7 @@
 #include "capture/meta_inference.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 #include <absl/container/flat_hash_map.h>
 #include <absl/hash/hash.h>
 #include <c10/core/TensorImpl.h>
@@ -163,10 +164,25 @@ std::atomic<MustPropagate> must_propagate{nullptr};
 // on it) reduces over every dim for an empty dim list on the CPU, but its Meta
 // kernel (meta_nansum in torch/_meta_registrations.py) reduces over none.
 void alignWithCpuKernel(const c10::OperatorHandle& op, torch::jit::Stack& meta_args) {
-  if (op.schema().name() == "aten::nansum" && meta_args.size() > 1 &&
-      meta_args[1].isIntList() && meta_args[1].toIntList().empty()) {
+  if (op.schema().name() == "aten::nansum" && meta_args.size() > 1 && meta_args[1].isIntList() &&
+      meta_args[1].toIntList().empty()) {
     meta_args[1] = c10::IValue();
   }
+}
+
+// PyTorch 2.13 replaces the C++ Meta kernels of most ops with Python
+// decompositions (torch/_meta_registrations.py, for FakeTensor), which skip
+// checks the CPU kernel makes when it is called: overlap of in-place and
+// output arguments, dtypes, broadcast shapes. For a structured op, those
+// checks are its C++ meta function, which the CPU kernel runs first; the op's
+// CompositeExplicitAutogradNonFunctional kernel (the structured kernel for
+// devices without one of their own) runs the same function and then the op's
+// out= variant: run that one on meta twins. Returns true if it did.
+bool runStructuredMeta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  constexpr auto kStructured = c10::DispatchKey::CompositeExplicitAutogradNonFunctional;
+  if (!op.hasKernelForDispatchKey(kStructured)) return false;
+  op.callBoxedForDispatchKey(kStructured, *stack);
+  return true;
 }
 
 std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
@@ -178,7 +194,15 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
   alignWithCpuKernel(op, meta_args);
   torch::jit::Stack meta_stack = meta_args;
   try {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+    // Shape inference is capture's business: it stays out of the user's profiles.
+    at::DisableRecordFunctionGuard not_profiled;
+    if (!runStructuredMeta(op, &meta_stack)) {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
+    }
+  } catch (const c10::Error&) {
+    // C++ meta functions check arguments, never data: the CPU kernel would
+    // raise the same error at the call, and so does the capture.
+    throw;
   } catch (const std::exception& error) {
     // A view op's Meta kernel checks what its CPU kernel checks (metadata
     // only), and the host cannot run a view of ipu storage: its error is the
