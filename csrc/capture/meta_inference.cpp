@@ -199,6 +199,11 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
     if (!runStructuredMeta(op, &meta_stack)) {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
     }
+  } catch (const c10::NotImplementedError& error) {
+    // No Meta kernel after all (PyTorch's Python fallback for ops without a
+    // fake implementation): no answer about shapes, not the user's error.
+    POPTORCH_LOG(kTrace) << op.operator_name() << ": no Meta kernel: " << error.what();
+    return std::nullopt;
   } catch (const c10::Error&) {
     // C++ meta functions check arguments, never data: the CPU kernel would
     // raise the same error at the call, and so does the capture.
