@@ -5,9 +5,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Optional
+import copy
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
 import pytest
+import torch
 
 import poptorch
 from poptorch.testing import assert_same  # noqa: F401 - the suite imports it from here
@@ -33,3 +35,25 @@ def run_python(code: str, env: Optional[Dict[str, str]] = None) -> subprocess.Co
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=full_env, timeout=300)
+
+
+def train_beside_the_cpu(model: torch.nn.Module, batches: Iterable[Sequence[Any]],
+                         loss_of: Callable[[Any], torch.Tensor] = lambda out: out,
+                         lr: float = 0.1, **tolerances: Any) -> Any:
+    """Trains `model` with trainingModel (SGD) and a copy of it on the CPU, one
+    call and one CPU step per batch of inputs; asserts that every call's loss
+    (`loss_of` picks it from the outputs) and the final weights and buffers
+    equal the CPU's. Returns the wrapped model."""
+    reference = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=lr))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
+    for inputs in batches:
+        loss = loss_of(ipu(*inputs))
+        optimizer.zero_grad()
+        ref_loss = loss_of(reference(*inputs))
+        ref_loss.backward()
+        optimizer.step()
+        torch.testing.assert_close(loss, ref_loss.detach(), **tolerances)
+    for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name, **tolerances)
+    return ipu

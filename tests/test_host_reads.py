@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import poptorch
+from conftest import train_beside_the_cpu
 
 
 class ScalesByAnElement(torch.nn.Module):
@@ -136,21 +137,10 @@ class CountsDistinctValues(torch.nn.Module):
 
 def test_ops_whose_shape_depends_on_the_data_train_like_the_cpu():
     torch.manual_seed(0)
-    model = CountsDistinctValues()
-    reference = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for step in range(5):
-        g = torch.Generator().manual_seed(step)
-        x = torch.randint(0, 2 + step % 3, (4, 3), generator=g).float()
-        y = torch.randn(4, generator=g)
-        loss = ipu(x, y)
-        optimizer.zero_grad()
-        ref_loss = reference(x, y)
-        ref_loss.backward()
-        optimizer.step()
-        torch.testing.assert_close(loss, ref_loss)
-    torch.testing.assert_close(model.lin.weight, reference.lin.weight)
+    generators = [torch.Generator().manual_seed(step) for step in range(5)]
+    batches = [(torch.randint(0, 2 + step % 3, (4, 3), generator=g).float(),
+                torch.randn(4, generator=g)) for step, g in enumerate(generators)]
+    train_beside_the_cpu(CountsDistinctValues(), batches)
 
 
 def test_printing_inside_forward_shows_the_values(capsys):

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
+from conftest import train_beside_the_cpu
 
 
 class MakesTensorsInForward(torch.nn.Module):
@@ -186,18 +187,9 @@ def test_training_keeps_each_submodules_mode():
     torch.manual_seed(0)
     model = DropsInTraining()
     model.drop.eval()  # the user switched dropout off
-    reference = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for seed in range(3):
-        g = torch.Generator().manual_seed(seed)
-        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
-        _, loss = ipu(x, y)
-        optimizer.zero_grad()
-        ref_out, ref_loss = reference(x, y)
-        ref_loss.backward()
-        optimizer.step()
-        torch.testing.assert_close(loss, ref_loss.detach())
+    batches = [(torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g))
+               for g in (torch.Generator().manual_seed(seed) for seed in range(3))]
+    train_beside_the_cpu(model, batches, loss_of=lambda out: out[1])
     assert model.training and not model.drop.training
 
 
@@ -242,19 +234,9 @@ def test_backward_of_ops_that_look_data_dependent_trains_like_the_cpu(name):
             return loss_of(self.lin(x))
 
     torch.manual_seed(0)
-    model = Model()
-    reference = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for seed in range(3):
-        x = torch.randn(12, 4, generator=torch.Generator().manual_seed(seed))
-        loss = ipu(x)
-        optimizer.zero_grad()
-        ref_loss = reference(x)
-        ref_loss.backward()
-        optimizer.step()
-        torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(model.lin.weight, reference.lin.weight, rtol=1e-5, atol=1e-5)
+    batches = [(torch.randn(12, 4, generator=torch.Generator().manual_seed(seed)),)
+               for seed in range(3)]
+    train_beside_the_cpu(Model(), batches, rtol=1e-5, atol=1e-5)
 
 
 def test_a_learning_rate_scheduler_stepped_after_a_call_does_not_warn(recwarn):
@@ -287,20 +269,10 @@ class ReturnsItsLoss(torch.nn.Module):
 @pytest.mark.parametrize("how", ["functional", "module made in forward"])
 def test_the_loss_the_model_returns_is_the_one_trained(how):
     torch.manual_seed(0)
-    model = ReturnsItsLoss(how)
-    reference = copy.deepcopy(model)
-    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for seed in range(2):
-        g = torch.Generator().manual_seed(seed)
-        x, t = torch.randn(5, 4, generator=g), torch.randint(0, 3, (5,), generator=g)
-        _, loss = ipu(x, t)
-        optimizer.zero_grad()
-        _, ref_loss = reference(x, t)
-        ref_loss.backward()
-        optimizer.step()
-        torch.testing.assert_close(loss, ref_loss.detach())
-    torch.testing.assert_close(model.lin.weight, reference.lin.weight)
+    generators = [torch.Generator().manual_seed(seed) for seed in range(2)]
+    batches = [(torch.randn(5, 4, generator=g), torch.randint(0, 3, (5,), generator=g))
+               for g in generators]
+    train_beside_the_cpu(ReturnsItsLoss(how), batches, loss_of=lambda out: out[1])
 
 
 def test_several_returned_losses_must_be_combined():
