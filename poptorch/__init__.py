@@ -12,6 +12,7 @@ import torch
 
 from . import _C
 from . import _device_module
+from . import _grad_scaler
 from . import _serialization
 from . import enums
 from . import optim
@@ -30,6 +31,7 @@ from .options import Options, TensorLocationSettings
 
 torch._register_device_module("ipu", _device_module)
 _serialization.install()
+_grad_scaler.install()
 
 # The autograd engine sizes its per-device worker queues once, at the first
 # backward: if that ran before this import, the ipu has no queue and backward

@@ -344,7 +344,4 @@ TORCH_LIBRARY_IMPL(_, AutogradIPU, m) {
   m.fallback(torch::autograd::basicAutogradNotImplementedFallback());
 }
 
-// Autocast on ipu changes nothing unless a policy asks for it.
-TORCH_LIBRARY_IMPL(_, AutocastIPU, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
-
 }  // namespace poptorch::capture

@@ -4,13 +4,23 @@
 #include <c10/core/TensorImpl.h>
 
 #include <cstring>
+#include <utility>
 
 #include "common/metrics.h"
 #include "device/ipu_device.h"
 
 namespace poptorch::device {
 
-void checkSupportedDtype(c10::ScalarType dtype) {
+namespace {
+thread_local bool float64_scalars_allowed = false;
+}  // namespace
+
+bool setFloat64ScalarsAllowed(bool allowed) {
+  return std::exchange(float64_scalars_allowed, allowed);
+}
+
+void checkSupportedDtype(c10::ScalarType dtype, bool scalar) {
+  if (scalar && float64_scalars_allowed) return;
   TORCH_CHECK_TYPE(dtype != c10::ScalarType::Double && dtype != c10::ScalarType::ComplexDouble,
                    "ipu tensors cannot hold ", c10::toString(dtype),
                    ": IPUs have no 64-bit floating point. Use float32 (tensor.float(), "
@@ -19,7 +29,7 @@ void checkSupportedDtype(c10::ScalarType dtype) {
 
 at::Tensor emptyIpuTensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
                           int index, int64_t storage_offset) {
-  checkSupportedDtype(dtype);
+  checkSupportedDtype(dtype, sizes.empty());
   const size_t itemsize = c10::elementSize(dtype);
   const size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, itemsize, storage_offset);
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocateLazy(nbytes, index),

@@ -5,8 +5,14 @@
 
 namespace poptorch::device {
 
-// Throws a TypeError for dtypes an IPU cannot hold (64-bit floating point).
-void checkSupportedDtype(c10::ScalarType dtype);
+// Throws a TypeError for dtypes an IPU cannot hold (64-bit floating point), unless
+// `scalar` (a 0-dim tensor) and this thread allows float64 scalars.
+void checkSupportedDtype(c10::ScalarType dtype, bool scalar = false);
+
+// Whether this thread may make 0-dim float64 ipu tensors; returns the previous setting.
+// Only torch.amp.GradScaler needs them: it computes its inverse scale as
+// scale.double().reciprocal().float() (poptorch/_grad_scaler.py).
+bool setFloat64ScalarsAllowed(bool allowed);
 
 // A new ipu tensor with the given layout whose bytes are reserved on ipu:index
 // but not yet computed.

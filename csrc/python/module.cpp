@@ -13,6 +13,7 @@
 #include "common/source_location.h"
 #include "compiler/executable.h"
 #include "device/ipu_device.h"
+#include "device/ipu_tensor.h"
 #include "runtime/executor.h"
 #include "runtime/program.h"
 #include "runtime/step_runner.h"
@@ -181,6 +182,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("memory_capacity", &device::memoryCapacity);
   m.def("configure_ipus", &device::configure, py::arg("num_ipus"), py::arg("memory_per_ipu"));
   m.def("set_log_level", &setLogLevel);
+  m.def("set_float64_scalars_allowed", &device::setFloat64ScalarsAllowed,
+        "Whether this thread may make 0-dim float64 ipu tensors; returns the previous setting.");
   m.def("back_storage", &backStorage,
         "Gives an ipu tensor's storage host memory (without running anything).");
   m.def("host_alias", &runtime::hostAlias,
