@@ -14,8 +14,10 @@ from . import _C
 from . import _device_module
 from . import _grad_scaler
 from . import _serialization
+from . import autocasting
 from . import enums
 from . import optim
+from .autocasting import autocast
 from ._compile_hooks import registerPostCompileHook, registerPreCompileHook
 from ._data_accessor import AsynchronousDataAccessor
 from ._dataloader import DataLoader
@@ -81,7 +83,7 @@ def ipuHardwareVersion() -> int:
 
 
 __all__ = [
-    "AsynchronousDataAccessor", "DataLoader", "Error", "ICustomArgParser", "Options",
+    "AsynchronousDataAccessor", "DataLoader", "autocast", "autocasting", "Error", "ICustomArgParser", "Options",
     "PoplarExecutor", "RecoverableError", "TensorLocationSettings", "UnrecoverableError", "enums",
     "identity_loss", "inferenceModel", "ipuHardwareIsAvailable", "ipuHardwareVersion",
     "isRunningOnIpu", "logger", "metrics", "module_repr", "optim", "registerCustomArgParser",

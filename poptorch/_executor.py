@@ -20,6 +20,7 @@ from tqdm import tqdm
 from . import _C
 from . import _compile_hooks
 from . import _inputs
+from . import _precision
 from . import _wrapped_model
 from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
@@ -288,6 +289,7 @@ class PoplarExecutor(WrapperState):
         """Captures and compiles the micro-step (and update) programs."""
         _C.synchronize()
         n = self._micro_batches
+        _precision.keep_running_statistics_float(self._options.Precision, self._model)
         self._state = DeviceState(self._model, id(self), _DEVICE)
         device_params = {id(host): self._state.tensors[name]
                          for name, host in self._state.host.items()}
@@ -315,7 +317,8 @@ class PoplarExecutor(WrapperState):
         anchors = (Anchors(self._options, self._model, self._state, self._training,
                            not accumulate) if self._options.anchored_tensors else None)
         step = StepCapture(self._model, self._state, self._training, self._device_optimizer,
-                           accumulate, device_inputs, args, kwargs, anchors)
+                           accumulate, device_inputs, args, kwargs, self._options.Precision,
+                           anchors)
         self._step = step
         self._micro_step = _C.StepVariants(step.micro_step(), step.recapture)
         if progress:

@@ -25,6 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import _C
+from . import _precision
 from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
@@ -59,8 +60,10 @@ class StepCapture:
     def __init__(self, model: torch.nn.Module, state: DeviceState, training: bool,
                  optimizer: Optional[DeviceOptimizer], accumulate: bool,
                  device_inputs: List[torch.Tensor], args: Tuple[Any, ...],
-                 kwargs: Dict[str, Any], anchors: Optional[Anchors] = None) -> None:
+                 kwargs: Dict[str, Any], precision: Any,
+                 anchors: Optional[Anchors] = None) -> None:
         self.model = model
+        self.precision = precision  # Options.Precision: the casts of the forward
         self.training = training
         self.optimizer = optimizer
         self.anchors = anchors  # Options.anchorTensor: more outputs of the step
@@ -88,7 +91,8 @@ class StepCapture:
         # Tensors made in forward without a device are constants of the step
         # on the IPU, as in PopTorch (random ones are drawn there on every run).
         with _whole_step_capture(), recorder, RunningOnIpu(), self._state.device:
-            with torch.enable_grad() if self.training else torch.no_grad():
+            with torch.enable_grad() if self.training else torch.no_grad(), \
+                    _precision.forward_casting(self.precision, self.model):
                 outputs = torch.func.functional_call(self.model, self._state.tensors,
                                                      self._args, self._kwargs, strict=False)
             if self.training:

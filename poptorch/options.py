@@ -15,9 +15,7 @@ rounding...). Such an option is still validated and stored, and setting it to a
 value the emulator does not honour logs one INFO message; the options concerned
 and why are listed in one table, ``_NOT_HONOURED``. Defaults describe what the
 emulator does, which differs from PopTorch for ``use_ipu_model`` (True: there
-is no hardware), ``Jit.trace_model`` (False: capture is at the dispatcher),
-``Precision.autocast_enabled`` and ``Precision.running_statistics_always_float``
-(False: PyTorch's own type rules apply).
+is no hardware) and ``Jit.trace_model`` (False: capture is at the dispatcher).
 """
 from __future__ import annotations
 
@@ -30,6 +28,7 @@ from typing import (Any, Callable, ClassVar, Dict, Generic, Iterator, List, Opti
 
 import torch
 
+from . import autocasting
 from ._options_config import load_config_file
 from ._errors import Error
 from ._logging import logger
@@ -82,16 +81,12 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
         _only(MeanReductionStrategy.Post), "gradients are summed over the micro-batches and "
         "divided once at the update (Post), which equals the other strategies up to rounding"),
     "Training.setConvolutionDithering": (_only(False), "the emulator has no tiles"),
-    "Precision.halfFloatCasting": (
-        _only(HalfFloatCastingBehavior.Default, HalfFloatCastingBehavior.HalfUpcastToFloat),
-        "PyTorch's type promotion (upcast to float) applies"),
-    "Precision.runningStatisticsAlwaysFloat": (
-        _only(False), "running statistics keep the dtype of the module's buffers"),
     "Precision.enableStochasticRounding": (_only(False), "rounding is to nearest"),
     "Precision.enableFloatingPointExceptions": (
         _only(False), "the host computes IEEE 754 results (inf, NaN) without raising"),
-    "Precision.setPartialsType": (_only(torch.float32), "host kernels choose their partials"),
-    "Precision.autocastEnabled": (_only(False), "no automatic casting is applied"),
+    "Precision.setPartialsType": (
+        _only(torch.float32), "float16 matmuls and convolutions accumulate their partials in "
+        "float32 on the host, so results are at least as precise as with float16 partials"),
     "TensorLocations.setActivationLocation": (_never, "all tensors live in host memory"),
     "TensorLocations.setWeightLocation": (_never, "all tensors live in host memory"),
     "TensorLocations.setOptimizerLocation": (_never, "all tensors live in host memory"),
@@ -321,22 +316,27 @@ class _PrecisionOptions(_Settings):
     half_float_casting = _Value(HalfFloatCastingBehavior.Default,
                                 "What mixed float16/float32 operations compute in.")
     running_statistics_always_float = _Value(False, "Keep norm running statistics in float32.")
+    autocast_policy = _Value(autocasting.default, "The automatic casting policy.")
     stochastic_rounding = _Value(False, "Round stochastically.")
     floating_point_exceptions = _Value(False, "Raise on invalid floating point operations.")
     partials_type = _Value(torch.float32, "The dtype of matmul and convolution partials.")
-    autocast_enabled = _Value(False, "Cast operations to half automatically.")
+    autocast_enabled = _Value(True, "Whether autocast regions and layers cast automatically.")
 
     def halfFloatCasting(self, half_float_casting: HalfFloatCastingBehavior
                          ) -> _PrecisionOptions:
-        """What an op mixing float16 and float32 computes in."""
-        return self._set_not_honoured("halfFloatCasting", "half_float_casting", _enum(
+        """What an op mixing float16 and float32 inputs computes in:
+        ``FloatDowncastToHalf`` (and ``Default``, PopTorch's rule) casts its
+        inputs to float16, ``HalfUpcastToFloat`` to float32 (PyTorch's rule).
+        In-place ops keep their output's dtype."""
+        return self._set("half_float_casting", _enum(
             "Precision.halfFloatCasting", HalfFloatCastingBehavior, half_float_casting))
 
     def runningStatisticsAlwaysFloat(self, value: bool) -> _PrecisionOptions:
-        """Keep the running statistics of norm layers in float32."""
-        return self._set_not_honoured(
-            "runningStatisticsAlwaysFloat", "running_statistics_always_float",
-            _bool("Precision.runningStatisticsAlwaysFloat", value))
+        """Keep the running mean and variance of norm layers in float32 even in a
+        float16 model (the host model's buffers become float32 too: they are the
+        device's). The layers then normalise in float32 and return float16."""
+        return self._set("running_statistics_always_float",
+                         _bool("Precision.runningStatisticsAlwaysFloat", value))
 
     def enableStochasticRounding(self, enabled: bool) -> _PrecisionOptions:
         """Round float16 results stochastically on the IPU."""
@@ -359,9 +359,16 @@ class _PrecisionOptions(_Settings):
         return self._set_not_honoured("setPartialsType", "partials_type", dtype)
 
     def autocastEnabled(self, autocast_enabled: bool) -> _PrecisionOptions:
-        """Turn PopTorch's automatic casting to float16 on or off."""
-        return self._set_not_honoured("autocastEnabled", "autocast_enabled",
-                                      _bool("Precision.autocastEnabled", autocast_enabled))
+        """Turn automatic casting (``model.autocast()``, ``poptorch.autocast``
+        regions) on (default) or off for the whole model."""
+        return self._set("autocast_enabled", _bool("Precision.autocastEnabled", autocast_enabled))
+
+    def autocastPolicy(self, autocast_policy: autocasting.Policy) -> _PrecisionOptions:
+        """The automatic casting policy (default: ``poptorch.autocasting.default``)."""
+        if not isinstance(autocast_policy, autocasting.Policy):
+            raise Error("Precision.autocastPolicy takes a poptorch.autocasting.Policy, got "
+                        f"{type(autocast_policy).__name__}")
+        return self._set("autocast_policy", autocast_policy)
 
 
 class _TensorLocationOptions(_Settings):

@@ -99,11 +99,10 @@ EXPECTED_MISSING = {
         "PipelinedExecution", "ShardedExecution", "SerialPhasedExecution",
         "ParallelPhasedExecution", "recomputationCheckpoint")},
     **{f"poptorch.{name}": ISSUE_12 for name in (
-        "load", "autocast", "autocasting", "profiling", "Attribute", "ipu_print_tensor", "nop",
+        "load", "profiling", "Attribute", "ipu_print_tensor", "nop",
         "for_loop", "cond", "dynamic_slice", "dynamic_update", "CPU", "custom_op", "MultiConv",
         "NameScope", "ctc_beam_search_decoder", "fps", "nearest", "serializedMatMul",
         "set_available_memory", "set_overlap_for_input", "set_overlap_for_output")},
-    "Options.Precision.autocastPolicy": ISSUE_12,
     **{f"PoplarExecutor.{name}": ISSUE_12 for name in (
         "compileAndExport", "save", "loadExecutable", "cycleCount", "compilationTime",
         "getPerfCounters", "getHostIpuLatency", "getComputeLatency", "getIpuHostLatency",

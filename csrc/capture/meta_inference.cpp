@@ -170,6 +170,31 @@ void alignWithCpuKernel(const c10::OperatorHandle& op, torch::jit::Stack& meta_a
   }
 }
 
+// Results whose dtype a PyTorch Meta kernel gives as CUDA computes them, not as
+// the CPU does. Batch norm's saved mean and inverse std are float32 for a
+// float16/bfloat16 input on CUDA (and Meta), but the CPU keeps the input's dtype
+// unless the parameters are float32 (its mixed-type kernel), and its backward
+// refuses saved statistics of another dtype.
+void alignResultsWithCpuKernel(const c10::OperatorHandle& op,
+                               c10::ArrayRef<c10::IValue> arguments, MetaResult* result) {
+  const std::string& name = op.schema().name();
+  if (name != "aten::native_batch_norm" && name != "aten::_native_batch_norm_legit" &&
+      name != "aten::_native_batch_norm_legit_no_training") {
+    return;
+  }
+  const at::ScalarType input = arguments[0].toTensor().scalar_type();
+  if (input != at::kHalf && input != at::kBFloat16) return;
+  for (const c10::IValue& parameter : arguments.slice(1)) {
+    if (parameter.isTensor() && parameter.toTensor().defined() &&
+        parameter.toTensor().scalar_type() == at::kFloat) {
+      return;  // the mixed-type kernel: float32 statistics, as Meta says
+    }
+  }
+  for (size_t i = 1; i < result->returns.size(); ++i) {
+    for (Layout& layout : result->returns[i].tensors) layout.dtype = input;
+  }
+}
+
 // PyTorch 2.13 replaces the C++ Meta kernels of most ops with Python
 // decompositions (torch/_meta_registrations.py, for FakeTensor), which skip
 // checks the CPU kernel makes when it is called: overlap of in-place and
@@ -234,6 +259,7 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
     }
     result.returns.push_back(std::move(info));
   }
+  alignResultsWithCpuKernel(op, arguments, &result);
   const auto& schema = op.schema();
   result.written.resize(arguments.size());
   for (size_t i = 0; i < arguments.size(); ++i) {

@@ -1,0 +1,353 @@
+"""Half precision and PopTorch's automatic casting in trainingModel/inferenceModel.
+
+Each case runs against a CPU reference: the float32 model (within float16
+tolerance) and, where the seeds state which precision an operation runs in,
+the same casts written out on the CPU (so a wrong precision shows).
+"""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import poptorch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+HALF_TOL = dict(atol=1e-2, rtol=1e-2)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(2, 4, 3)
+        self.norm = torch.nn.BatchNorm2d(4)
+        self.fc = torch.nn.Linear(4 * 4 * 4, 5)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.norm(self.conv(x))).flatten(1))
+
+
+def _dtypes_of_layers(model):
+    """Records the output dtype of each layer while the model is captured."""
+    seen = {}
+    for name, layer in model.named_modules():
+        if name:
+            layer.register_forward_hook(
+                lambda m, i, o, name=name: seen.__setitem__(name, o.dtype))
+    return seen
+
+
+def _x():
+    return torch.randn(4, 2, 6, 6, generator=torch.Generator().manual_seed(1))
+
+
+def _opts():
+    return poptorch.Options().showCompilationProgressBar(False)
+
+
+def test_a_half_model_with_half_inputs_runs_in_half_like_the_float_model():
+    model = Net().eval()
+    expected = model(_x())
+    model.half()
+    seen = _dtypes_of_layers(model)
+    out = poptorch.inferenceModel(model, _opts())(_x().half())
+    assert out.dtype == torch.float16
+    assert set(seen.values()) == {torch.float16}
+    torch.testing.assert_close(out.float(), expected, **HALF_TOL)
+
+
+def test_float_weights_fed_half_inputs_run_in_half_by_default():
+    """The seeds: PopTorch casts an op's mixed float16/float32 inputs to float16."""
+    model = Net().eval()
+    expected_float = model(_x())
+    half_copy = Net().eval().half()
+    half_copy.load_state_dict(model.state_dict())
+    half_copy.norm.float()  # what the ipu does: float32 statistics normalise float16 inputs
+    expected_half = half_copy(_x().half())
+    seen = _dtypes_of_layers(model)
+    out = poptorch.inferenceModel(model, _opts())(_x().half())
+    assert out.dtype == torch.float16 and set(seen.values()) == {torch.float16}
+    assert model.fc.weight.dtype == torch.float32  # the weights keep their dtype
+    torch.testing.assert_close(out, expected_half, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(out.float(), expected_float, **HALF_TOL)
+
+
+def test_half_upcast_to_float_follows_pytorch():
+    model = Net().eval()
+    expected = model(_x().half().float())
+    opts = _opts()
+    opts.Precision.halfFloatCasting(poptorch.HalfFloatCastingBehavior.HalfUpcastToFloat)
+    seen = _dtypes_of_layers(model)
+    out = poptorch.inferenceModel(model, opts)(_x().half())
+    assert out.dtype == torch.float32 and set(seen.values()) == {torch.float32}
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_in_place_ops_keep_their_output_dtype():
+    class Accumulate(torch.nn.Module):
+        def forward(self, x):
+            total = torch.zeros(x.shape, dtype=torch.float32)
+            total += x  # float32 += float16 stays float32
+            total[0] = x[0] * 2
+            return total, x + total  # mixed: float16
+
+    x = torch.randn(3, 4).half()
+    total, mixed = poptorch.inferenceModel(Accumulate(), _opts())(x)
+    assert total.dtype == torch.float32 and mixed.dtype == torch.float16
+    expected = x.float().clone()
+    expected[0] *= 2
+    torch.testing.assert_close(total, expected)
+    torch.testing.assert_close(mixed, (x.float() + expected).half())
+
+
+def _train(model, opts, x, y, steps, lr=0.05, **optim_kwargs):
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=lr, **optim_kwargs)
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x, y):
+            out = self.model(x)
+            return out, F.cross_entropy(out.float(), y)
+
+    training = poptorch.trainingModel(WithLoss(), opts, optimizer)
+    losses = [float(training(x, y)[1]) for _ in range(steps)]
+    training.destroy()
+    return losses
+
+
+def test_running_statistics_always_float_keeps_batch_norm_statistics_in_float32():
+    y = torch.tensor([0, 1, 2, 3])
+    reference = Net().train()
+    expected = _train(reference, _opts(), _x(), y, steps=3)
+
+    for always_float in (False, True):
+        model = Net().train().half()
+        opts = _opts()
+        opts.Precision.runningStatisticsAlwaysFloat(always_float)
+        losses = _train(model, opts, _x().half(), y, steps=3)
+        stats_dtype = torch.float32 if always_float else torch.float16
+        assert model.norm.running_mean.dtype == stats_dtype
+        assert model.norm.running_var.dtype == stats_dtype
+        torch.testing.assert_close(model.norm.running_mean.float(),
+                                   reference.norm.running_mean, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(model.norm.running_var.float(),
+                                   reference.norm.running_var, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(losses, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_loss_scaling_keeps_float16_gradients_from_underflowing():
+    """A loss this small has float16 gradients below float16's range: without loss
+    scaling nothing trains; with it, training follows the float32 model."""
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x, y):
+            out = self.fc(x)
+            return out, F.cross_entropy(out.float(), y) * 1e-8
+
+    def train(half, loss_scaling):
+        model = Tiny().half() if half else Tiny()
+        optimizer = poptorch.optim.SGD(model.parameters(), lr=2e7, loss_scaling=loss_scaling)
+        training = poptorch.trainingModel(model, _opts(), optimizer)
+        losses = [float(training(x.half() if half else x, y)[1]) for _ in range(4)]
+        training.destroy()
+        return losses, model.fc.weight.detach().float()
+
+    start = Tiny().fc.weight.detach()
+    float_losses, float_weight = train(False, 1.0)
+    assert float_losses[-1] < 0.9 * float_losses[0]
+    _, unscaled_weight = train(True, 1.0)
+    assert torch.equal(unscaled_weight, start.half().float())  # every gradient was 0
+    scaled_losses, scaled_weight = train(True, 2.0**20)
+    torch.testing.assert_close(scaled_weight, float_weight, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(scaled_losses, float_losses, atol=1e-10, rtol=2e-2)
+
+
+# --- automatic casting --------------------------------------------------------
+
+class Layers(torch.nn.Module):
+    """conv -> relu -> conv -> relu, as in the seeds' autocast example."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1 = torch.nn.Conv2d(2, 3, 3)
+        self.relu1 = torch.nn.ReLU()
+        self.conv2 = torch.nn.Conv2d(3, 4, 3)
+        self.relu2 = torch.nn.ReLU()
+
+    def forward(self, x):
+        return self.relu2(self.conv2(self.relu1(self.conv1(x))))
+
+
+def _reference(model, x, half_layers):
+    """The model on the CPU with the named layers (and their inputs) in float16."""
+    out = x
+    for name in ("conv1", "relu1", "conv2", "relu2"):
+        layer = getattr(model, name)
+        if name in half_layers:
+            out = layer.half()(out.half())
+            layer.float()
+        else:
+            out = layer(out.float())
+    return out
+
+
+def test_model_autocast_runs_the_policy_ops_in_half_and_keeps_float_weights():
+    model = Layers()
+    model.autocast()
+    seen = _dtypes_of_layers(model)
+    out = poptorch.inferenceModel(model, _opts())(_x())
+    assert seen == {"conv1": torch.float16, "relu1": torch.float16, "conv2": torch.float16,
+                    "relu2": torch.float16}
+    assert model.conv1.weight.dtype == torch.float32
+    expected = _reference(Layers(), _x(), {"conv1", "relu1", "conv2", "relu2"})
+    torch.testing.assert_close(out, expected, atol=2e-3, rtol=2e-3)
+
+
+def test_layer_autocast_false_turns_it_off_for_that_layer():
+    model = Layers()
+    model.autocast()
+    model.relu1.autocast(False)
+    model.conv2.autocast(False)
+    seen = _dtypes_of_layers(model)
+    out = poptorch.inferenceModel(model, _opts())(_x())
+    # conv2 is out of the region: its float32 weights meet relu1's float16 output,
+    # and the casting rule makes that mixed op float16.
+    assert seen["conv1"] == torch.float16 and seen["conv2"] == torch.float16
+    opts = _opts()
+    opts.Precision.halfFloatCasting(poptorch.HalfFloatCastingBehavior.HalfUpcastToFloat)
+    model2 = Layers()
+    model2.autocast()
+    model2.relu1.autocast(False)
+    model2.conv2.autocast(False)
+    seen2 = _dtypes_of_layers(model2)
+    out2 = poptorch.inferenceModel(model2, opts)(_x())
+    assert seen2 == {"conv1": torch.float16, "relu1": torch.float16, "conv2": torch.float32,
+                     "relu2": torch.float32}
+    expected2 = _reference(Layers(), _x(), {"conv1", "relu1"})
+    torch.testing.assert_close(out2, expected2, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(out.float(), expected2, **HALF_TOL)
+
+
+def test_autocast_enabled_false_turns_autocasting_off():
+    model = Layers()
+    model.autocast()
+    opts = _opts()
+    opts.Precision.autocastEnabled(False)
+    out = poptorch.inferenceModel(model, opts)(_x())
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, Layers()(_x()))
+
+
+def test_the_decorator_and_the_block_cast_their_body():
+    class Decorated(torch.nn.Module):
+        @poptorch.autocast()
+        def forward(self, x, y):
+            return torch.bmm(x, y)
+
+    class Block(torch.nn.Module):
+        def forward(self, x, y):
+            with poptorch.autocast():
+                z = torch.bmm(x, y)
+            with poptorch.autocast(enabled=False):
+                w = torch.bmm(x, y)
+            return z, w
+
+    x, y = torch.randn(1, 10, 10), torch.randn(1, 10, 10)
+    expected_half = torch.bmm(x.half(), y.half())
+    out = poptorch.inferenceModel(Decorated(), _opts())(x, y)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out, expected_half, atol=1e-2, rtol=2e-3)
+    z, w = poptorch.inferenceModel(Block(), _opts())(x, y)
+    assert z.dtype == torch.float16 and w.dtype == torch.float32
+    torch.testing.assert_close(z, expected_half, atol=1e-2, rtol=2e-3)
+    torch.testing.assert_close(w, torch.bmm(x, y))
+
+
+def test_a_custom_policy_as_in_the_seeds():
+    """fp16: Conv2d layers and relu; fp32: bmm; promote: dot (mixed inputs -> float32)."""
+    policy = poptorch.autocasting.Policy([torch.nn.Conv2d, torch.relu], [torch.bmm],
+                                         [torch.dot], [])
+
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = Layers()
+
+        def forward(self, x, a, b, v):
+            return (self.layers(x), torch.bmm(a.half(), b.half()), torch.dot(v.half(), v),
+                    torch.mm(a[0], b[0]))
+
+    opts = _opts()
+    opts.Precision.autocastPolicy(policy)
+    model = Mixed()
+    model.autocast()
+    a, b, v = torch.randn(1, 3, 3), torch.randn(1, 3, 3), torch.randn(5)
+    conv_out, bmm_out, dot_out, mm_out = poptorch.inferenceModel(model, opts)(_x(), a, b, v)
+    assert bmm_out.dtype == torch.float32 and dot_out.dtype == torch.float32
+    assert mm_out.dtype == torch.float32  # not in this policy
+    assert conv_out.dtype == torch.float16
+    torch.testing.assert_close(bmm_out, torch.bmm(a.half().float(), b.half().float()))
+    torch.testing.assert_close(dot_out, torch.dot(v.half().float(), v))
+    torch.testing.assert_close(conv_out, _reference(Layers(), _x(), {"conv1", "relu1", "conv2",
+                                                                     "relu2"}),
+                               atol=2e-3, rtol=2e-3)
+
+
+def test_autocast_training_keeps_float32_master_weights_and_trains_like_float32():
+    y = torch.tensor([0, 1, 2, 3])
+    expected = _train(Net().train(), _opts(), _x(), y, steps=4)
+    model = Net().train()
+    model.autocast()
+    losses = _train(model, _opts(), _x(), y, steps=4)
+    assert model.conv.weight.dtype == torch.float32
+    torch.testing.assert_close(losses, expected, atol=2e-2, rtol=2e-2)
+    assert losses[-1] < losses[0]
+
+
+def test_lazy_mode_blocks_cast_with_the_default_policy():
+    x = torch.randn(4, 4, device="ipu")
+    with poptorch.autocast():
+        h = x @ x
+        with poptorch.autocast(enabled=False):
+            f = x @ x
+        s = h + x  # not in the policy: PyTorch's promotion
+    assert h.dtype == torch.float16 and f.dtype == torch.float32 and s.dtype == torch.float32
+    assert (x @ x).dtype == torch.float32
+    torch.testing.assert_close(h.cpu(), x.cpu().half() @ x.cpu().half(), atol=1e-2, rtol=2e-3)
+
+
+def test_bad_policies_and_arguments_are_clear_errors():
+    with pytest.raises(poptorch.Error, match="fp16 must be a list of torch functions"):
+        poptorch.autocasting.Policy(fp16=[3])
+    with pytest.raises(poptorch.Error, match="fp32 must be a list"):
+        poptorch.autocasting.Policy(fp32="bmm")
+    with pytest.raises(poptorch.Error, match="autocastPolicy takes a poptorch.autocasting.Policy"):
+        poptorch.Options().Precision.autocastPolicy([torch.bmm])
+    with pytest.raises(poptorch.Error, match="takes a bool"):
+        poptorch.autocast(enabled="yes")
+    with pytest.raises(poptorch.Error, match="takes a bool"):
+        torch.nn.Linear(2, 2).autocast(1)
+
+
+@pytest.mark.slow
+def test_the_digits_example_trains_in_float16_with_loss_scaling_like_float32():
+    from train_digits import train_and_evaluate  # examples/
+    float_losses, float_accuracy = train_and_evaluate(2, 16, 4, half=False)
+    half_losses, half_accuracy = train_and_evaluate(2, 16, 4, half=True)
+    assert half_losses[-1] < 0.6 * half_losses[0] or half_losses[-1] < 0.5
+    assert abs(half_losses[-1] - float_losses[-1]) < 0.1 + 0.15 * float_losses[-1]
+    assert half_accuracy > float_accuracy - 5.0
