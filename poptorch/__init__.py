@@ -17,7 +17,6 @@ from . import _serialization
 from . import autocasting
 from . import enums
 from . import optim
-from .autocasting import autocast
 from ._compile_hooks import registerPostCompileHook, registerPreCompileHook
 from ._data_accessor import AsynchronousDataAccessor
 from ._dataloader import DataLoader
@@ -28,6 +27,7 @@ from ._logging import logger, setLogLevel
 from ._losses import identity_loss, isRunningOnIpu
 # poptorch.print is PopTorch's; it stays out of __all__ so that `import *` keeps the builtin.
 from ._printing import module_repr, print  # pylint: disable=redefined-builtin
+from .autocasting import autocast
 from .enums import *  # noqa: F401,F403  (PopTorch's enums are poptorch.<name> too)
 from .options import Options, TensorLocationSettings
 

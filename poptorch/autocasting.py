@@ -36,6 +36,7 @@ from .enums import HalfFloatCastingBehavior
 __all__ = ["Policy", "autocast", "default"]
 
 _HALF, _FLOAT = torch.float16, torch.float32
+_CASTABLE = (_HALF, _FLOAT)
 _local = threading.local()
 
 
@@ -228,18 +229,22 @@ def _name(func: Callable[..., Any]) -> Optional[str]:
     return None if name.endswith("_") or name in _NOT_CAST else name
 
 
-def _float_tensors(args: Sequence[Any]) -> Iterator[torch.Tensor]:
+_NAMES: Dict[Any, Optional[str]] = {}  # func -> _name(func): the mode sees every call
+
+
+def _float_dtypes(args: Sequence[Any], dtypes: set) -> None:
+    """Adds the dtypes of the float16/float32 ipu tensors among ``args`` to ``dtypes``."""
     for arg in args:
         if isinstance(arg, torch.Tensor):
-            if arg.dtype in (_HALF, _FLOAT) and arg.device.type == "ipu":
-                yield arg
+            if arg.dtype in _CASTABLE and arg.device.type == "ipu":
+                dtypes.add(arg.dtype)
         elif isinstance(arg, (list, tuple)):
-            yield from _float_tensors(arg)
+            _float_dtypes(arg, dtypes)
 
 
 def _cast(arg: Any, dtype: torch.dtype) -> Any:
     if isinstance(arg, torch.Tensor):
-        if arg.dtype in (_HALF, _FLOAT) and arg.dtype != dtype and arg.device.type == "ipu":
+        if arg.dtype in _CASTABLE and arg.dtype != dtype and arg.device.type == "ipu":
             return arg.to(dtype)
         return arg
     if isinstance(arg, (list, tuple)):
@@ -276,11 +281,18 @@ class _CastingMode(TorchFunctionMode):
 
     def _decide(self, func: Callable[..., Any], args: Sequence[Any],
                 kwargs: Dict[str, Any]) -> Optional[torch.dtype]:
-        name = _name(func)
+        try:
+            name = _NAMES[func]
+        except KeyError:
+            name = _NAMES[func] = _name(func)
+        except TypeError:  # unhashable
+            name = _name(func)
         if name is None or "out" in kwargs:
             return None  # in place: the output keeps its dtype, as in PyTorch
-        dtypes = {t.dtype for t in _float_tensors(args)}
-        dtypes.update(t.dtype for t in _float_tensors(list(kwargs.values())))
+        dtypes: set = set()
+        _float_dtypes(args, dtypes)
+        if kwargs:
+            _float_dtypes(tuple(kwargs.values()), dtypes)
         if not dtypes:
             return None
         mixed = len(dtypes) == 2
