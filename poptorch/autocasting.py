@@ -16,8 +16,8 @@ above autograd, so the backward runs in the precision the forward chose while
 the weights stay in their own dtype (float32 master weights keep their small
 updates). In ``trainingModel``/``inferenceModel`` the casting rule applies to the
 whole forward, with the options' policy; in lazy mode (``model.to("ipu")``)
-``poptorch.autocast`` regions apply the default policy and the rest follows
-PyTorch. Only ipu tensors are cast.
+autocast regions and layers apply the default policy's operations and the rest
+follows PyTorch. Only ipu tensors are cast.
 """
 from __future__ import annotations
 
@@ -174,11 +174,28 @@ class autocast:  # pylint: disable=invalid-name  (PopTorch's name)
 
 def _module_autocast(self: torch.nn.Module, enabled: bool = True) -> torch.nn.Module:
     """Turns PopTorch's automatic casting on (or off) for this layer and the
-    layers inside it, in ``trainingModel``/``inferenceModel``. Returns the layer."""
+    layers inside it: its forward runs in ``poptorch.autocast(enabled)``.
+    Returns the layer."""
     if not isinstance(enabled, bool):
         raise Error(f"{type(self).__name__}.autocast(enabled) takes a bool, got {enabled!r}")
     self._poptorch_autocast = enabled
+    if not getattr(self, "_poptorch_autocast_hooks", False):
+        self.register_forward_pre_hook(_enter_layer_region)
+        self.register_forward_hook(_leave_layer_region, always_call=True)
+        self._poptorch_autocast_hooks = True
     return self
+
+
+def _enter_layer_region(layer: torch.nn.Module, _inputs: Any) -> None:
+    region = autocast(layer._poptorch_autocast)
+    region.__enter__()
+    if not hasattr(_local, "layer_regions"):
+        _local.layer_regions = []
+    _local.layer_regions.append(region)
+
+
+def _leave_layer_region(_layer: torch.nn.Module, _inputs: Any, _output: Any) -> None:
+    _local.layer_regions.pop().__exit__(None, None, None)
 
 
 # PopTorch's API: every layer has autocast().
@@ -345,27 +362,22 @@ def casting(policy: Policy, rule: Optional[HalfFloatCastingBehavior], enabled: b
 
 
 def _layer_hooks(model: torch.nn.Module, mode: _CastingMode) -> List[Any]:
-    """Hooks that open a layer's autocast region (``layer.autocast()``) and its
-    policy precision around its forward."""
+    """Hooks that give the layers of the policy's classes their precision
+    around their forward, inside autocast regions. They run after the layer's
+    own ``autocast()`` hooks, registered before."""
     hooks = []
+    classes = tuple(c for kind in mode.policy._layers.values() for c in kind)
     for layer in model.modules():
-        flag = getattr(layer, "_poptorch_autocast", None)
-        if flag is None and not any(isinstance(layer, mode.policy._layers[k])
-                                    for k in mode.policy._layers):
+        if not isinstance(layer, classes):
             continue
 
-        def enter(module: torch.nn.Module, _inputs: Any, flag: Optional[bool] = flag) -> None:
-            if flag is not None:
-                _regions().append(flag)
+        def enter(module: torch.nn.Module, _inputs: Any) -> None:
             regions = _regions()
             in_region = bool(regions and regions[-1])
             mode.layers.append(mode.policy._layer_dtype(module) if in_region else None)
 
-        def leave(_module: torch.nn.Module, _inputs: Any, _output: Any,
-                  flag: Optional[bool] = flag) -> None:
+        def leave(_module: torch.nn.Module, _inputs: Any, _output: Any) -> None:
             mode.layers.pop()
-            if flag is not None:
-                _regions().pop()
 
         hooks.append(layer.register_forward_pre_hook(enter))
         hooks.append(layer.register_forward_hook(leave, always_call=True))

@@ -351,3 +351,24 @@ def test_the_digits_example_trains_in_float16_with_loss_scaling_like_float32():
     assert half_losses[-1] < 0.6 * half_losses[0] or half_losses[-1] < 0.5
     assert abs(half_losses[-1] - float_losses[-1]) < 0.1 + 0.15 * float_losses[-1]
     assert half_accuracy > float_accuracy - 5.0
+
+
+def test_layer_autocast_acts_in_lazy_mode_too():
+    model = Layers().to("ipu")
+    model.autocast()
+    model.conv2.autocast(False)
+    seen = _dtypes_of_layers(model)
+    # conv2 is off: PyTorch's rule there (lazy mode), so relu1's float16 output meets
+    # float32 weights, which PyTorch refuses for a convolution.
+    with pytest.raises(RuntimeError, match="should be the same"):
+        model(_x().to("ipu"))
+    assert seen["conv1"] == torch.float16
+    assert poptorch.autocasting._regions() == []  # the regions closed on the error
+    model.conv2.autocast(True)
+    out = model(_x().to("ipu"))
+    assert out.dtype == torch.float16
+    expected = _reference(Layers(), _x(), {"conv1", "relu1", "conv2", "relu2"})
+    torch.testing.assert_close(out.cpu(), expected, atol=2e-3, rtol=2e-3)
+    model.autocast(False)
+    model.conv2.autocast(False)
+    assert model(_x().to("ipu")).dtype == torch.float32
