@@ -372,3 +372,26 @@ def test_layer_autocast_acts_in_lazy_mode_too():
     model.autocast(False)
     model.conv2.autocast(False)
     assert model(_x().to("ipu")).dtype == torch.float32
+
+
+def test_a_half_model_trains_in_lazy_mode_like_the_cpu_half_model():
+    """The same float16 kernels run on the host: losses and weights follow the CPU's."""
+    y = torch.tensor([0, 1, 2, 3])
+
+    def train(device):
+        model = Net().train().half().to(device)
+        optimiser = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        for _ in range(3):
+            optimiser.zero_grad()
+            loss = F.cross_entropy(model(_x().half().to(device)).float(), y.to(device))
+            loss.backward()
+            optimiser.step()
+            losses.append(float(loss))
+        return losses, {k: v.cpu() for k, v in model.state_dict().items()}
+
+    losses, weights = train("ipu")
+    expected_losses, expected_weights = train("cpu")
+    torch.testing.assert_close(losses, expected_losses, atol=1e-3, rtol=1e-3)
+    for name, value in expected_weights.items():
+        torch.testing.assert_close(weights[name], value, atol=1e-3, rtol=1e-3)

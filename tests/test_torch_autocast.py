@@ -136,3 +136,37 @@ def test_grad_scaler_trains_like_the_cpu_and_skips_steps_whose_gradients_overflo
 def test_float64_stays_refused_outside_the_grad_scaler():
     with pytest.raises(TypeError, match="no 64-bit floating point"):
         torch.tensor(1.0, device="ipu").double()
+
+
+def test_torch_autocast_inside_a_training_model_trains_like_the_cpu():
+    """The step is captured at the dispatcher, so an autocast block in forward is
+    captured with its casts; the CPU's autocast casts linear the same way."""
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+
+    class Model(torch.nn.Module):
+        def __init__(self, device):
+            super().__init__()
+            torch.manual_seed(0)
+            self.fc = torch.nn.Linear(8, 4)
+            self.device = device
+
+        def forward(self, x, y):
+            with torch.autocast(self.device, dtype=torch.bfloat16):
+                out = self.fc(x)
+            return out, F.cross_entropy(out.float(), y)
+
+    model = Model("ipu")
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    reference = Model("cpu")
+    optimiser = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for _ in range(3):
+        out, loss = training(x, y)
+        assert out.dtype == torch.bfloat16
+        expected_out, expected = reference(x, y)
+        optimiser.zero_grad()
+        expected.backward()
+        optimiser.step()
+        torch.testing.assert_close(out, expected_out.detach(), atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(float(loss), float(expected), atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(model.fc.weight, reference.fc.weight, atol=1e-3, rtol=1e-3)
