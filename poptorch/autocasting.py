@@ -202,10 +202,10 @@ def _leave_layer_region(_layer: torch.nn.Module, _inputs: Any, _output: Any) -> 
 torch.nn.Module.autocast = _module_autocast  # type: ignore[attr-defined]
 
 # PopTorch's default policy, plus linear (nn.Linear's op, in PyTorch's autocast lists too).
-default_fp16 = [torch.nn.functional.linear,
-    torch.addbmm, torch.addmm, torch.addmv, torch.addr, torch.baddbmm, torch.bmm,
-    torch.chain_matmul, torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_tbc,
-    torch.conv_transpose1d, torch.conv_transpose2d, torch.conv_transpose3d, torch.convolution,
+default_fp16 = [
+    torch.nn.functional.linear, torch.addbmm, torch.addmm, torch.addmv, torch.addr,
+    torch.baddbmm, torch.bmm, torch.chain_matmul, torch.conv1d, torch.conv2d, torch.conv3d,
+    torch.conv_tbc, torch.conv_transpose1d, torch.conv_transpose2d, torch.conv_transpose3d, torch.convolution,
     torch.matmul, torch.mm, torch.mv, torch.nn.Conv2d]
 default_fp32: List[Any] = []
 default_promote = [
@@ -234,7 +234,7 @@ _RUNNING_STATISTICS: Dict[Callable[..., Any], Tuple[int, ...]] = {
 # Operations that take a second tensor only for its dtype, shape or as the
 # place to write: casting it would change what they mean.
 _NOT_CAST = {"to", "type_as", "view_as", "expand_as", "reshape_as", "new_empty", "new_zeros",
-             "new_ones", "new_full", "new_tensor", "is_same_size", "copy", "set"}
+             "new_ones", "new_full", "new_tensor", "is_same_size"}
 
 
 def _name(func: Callable[..., Any]) -> Optional[str]:
@@ -293,7 +293,7 @@ class _CastingMode(TorchFunctionMode):
             kwargs = {k: v if kept and k in ("running_mean", "running_var") else _cast(v, dtype)
                       for k, v in kwargs.items()}
             if kept:
-                args, kwargs = _float_parameters_for_float_statistics(func, args, kwargs, kept)
+                args, kwargs = _float_parameters_for_float_statistics(args, kwargs, kept)
         return func(*args, **kwargs)
 
     def _decide(self, func: Callable[..., Any], args: Sequence[Any],
@@ -323,7 +323,7 @@ class _CastingMode(TorchFunctionMode):
 
 
 def _float_parameters_for_float_statistics(
-        func: Callable[..., Any], args: List[Any], kwargs: Dict[str, Any],
+        args: List[Any], kwargs: Dict[str, Any],
         kept: Tuple[int, ...]) -> Tuple[List[Any], Dict[str, Any]]:
     """A norm whose running statistics stay float32 (``runningStatisticsAlwaysFloat``,
     or float32 statistics of a float16 input) takes its weight and bias in float32

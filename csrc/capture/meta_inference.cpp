@@ -175,8 +175,8 @@ void alignWithCpuKernel(const c10::OperatorHandle& op, torch::jit::Stack& meta_a
 // float16/bfloat16 input on CUDA (and Meta), but the CPU keeps the input's dtype
 // unless the parameters are float32 (its mixed-type kernel), and its backward
 // refuses saved statistics of another dtype.
-void alignResultsWithCpuKernel(const c10::OperatorHandle& op,
-                               c10::ArrayRef<c10::IValue> arguments, MetaResult* result) {
+void alignResultsWithCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                               MetaResult* result) {
   const std::string& name = op.schema().name();
   if (name != "aten::native_batch_norm" && name != "aten::_native_batch_norm_legit" &&
       name != "aten::_native_batch_norm_legit_no_training") {
