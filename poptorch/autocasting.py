@@ -287,14 +287,12 @@ class _CastingMode(TorchFunctionMode):
                            kwargs: Optional[Dict[str, Any]] = None) -> Any:
         kwargs = kwargs or {}
         dtype = self._decide(func, args, kwargs)
-        if dtype is not None:
-            kept = _RUNNING_STATISTICS.get(func, ())
-            args = [a if i in kept else _cast(a, dtype) for i, a in enumerate(args)]
-            kwargs = {k: v if kept and k in ("running_mean", "running_var") else _cast(v, dtype)
-                      for k, v in kwargs.items()}
-            if kept:
-                args, kwargs = _float_parameters_for_float_statistics(args, kwargs, kept)
-        return func(*args, **kwargs)
+        if dtype is None:
+            return func(*args, **kwargs)
+        if func in _RUNNING_STATISTICS:
+            return _norm(func, args, kwargs, dtype)
+        return func(*[_cast(a, dtype) for a in args],
+                    **{k: _cast(v, dtype) for k, v in kwargs.items()})
 
     def _decide(self, func: Callable[..., Any], args: Sequence[Any],
                 kwargs: Dict[str, Any]) -> Optional[torch.dtype]:
@@ -322,21 +320,37 @@ class _CastingMode(TorchFunctionMode):
         return self.mixed_dtype if mixed else None
 
 
-def _float_parameters_for_float_statistics(
-        args: List[Any], kwargs: Dict[str, Any],
-        kept: Tuple[int, ...]) -> Tuple[List[Any], Dict[str, Any]]:
-    """A norm whose running statistics stay float32 (``runningStatisticsAlwaysFloat``,
-    or float32 statistics of a float16 input) takes its weight and bias in float32
-    too: the CPU's kernels normalise a float16 input with float32 parameters."""
-    stats = [args[i] for i in kept if i < len(args)]
-    stats += [kwargs[k] for k in ("running_mean", "running_var") if k in kwargs]
-    stats = [s for s in stats if isinstance(s, torch.Tensor)]
-    if not stats or any(s.dtype != _FLOAT for s in stats):
-        return args, kwargs
-    params = (3, 4) if kept[0] == 1 else (1, 2)  # F.*(x, mean, var, weight, bias) or torch.*
-    args = [_cast(a, _FLOAT) if i in params else a for i, a in enumerate(args)]
-    kwargs = {k: _cast(v, _FLOAT) if k in ("weight", "bias") else v for k, v in kwargs.items()}
-    return args, kwargs
+def _norm(func: Callable[..., Any], args: Sequence[Any], kwargs: Dict[str, Any],
+          dtype: torch.dtype) -> Any:
+    """A norm with running statistics in ``dtype``. The statistics are updated in
+    place, so they are never cast: float16 statistics of a float32 norm are
+    computed in float32 copies written back after the op; float32 statistics of a
+    float16 norm are used as they are, with float32 weight and bias (the CPU's
+    kernels normalise a float16 input with float32 parameters)."""
+    kept = _RUNNING_STATISTICS[func]
+    names = ("running_mean", "running_var")
+    args = [a if i in kept else _cast(a, dtype) for i, a in enumerate(args)]
+    kwargs = {k: v if k in names else _cast(v, dtype) for k, v in kwargs.items()}
+    stats = [(args, i) for i in kept if i < len(args)] + [(kwargs, k) for k in names
+                                                          if k in kwargs]
+    stats = [(where, key) for where, key in stats if isinstance(where[key], torch.Tensor)]
+    if dtype == _FLOAT:
+        updated = []
+        for where, key in stats:
+            if where[key].dtype == _HALF:
+                updated.append((where[key], _cast(where[key], _FLOAT)))
+                where[key] = updated[-1][1]
+        result = func(*args, **kwargs)
+        with torch.no_grad():
+            for stat, copy in updated:
+                stat.copy_(copy)
+        return result
+    if stats and all(where[key].dtype == _FLOAT for where, key in stats):
+        params = (3, 4) if kept[0] == 1 else (1, 2)  # F.*(x, mean, var, weight, bias), torch.*
+        args = [_cast(a, _FLOAT) if i in params else a for i, a in enumerate(args)]
+        kwargs = {k: _cast(v, _FLOAT) if k in ("weight", "bias") else v
+                  for k, v in kwargs.items()}
+    return func(*args, **kwargs)
 
 
 def _active_mode() -> Optional[_CastingMode]:

@@ -395,3 +395,24 @@ def test_a_half_model_trains_in_lazy_mode_like_the_cpu_half_model():
     torch.testing.assert_close(losses, expected_losses, atol=1e-3, rtol=1e-3)
     for name, value in expected_weights.items():
         torch.testing.assert_close(weights[name], value, atol=1e-3, rtol=1e-3)
+
+
+def test_a_float32_norm_policy_in_a_half_model_updates_its_float16_statistics():
+    """Policy(fp32=[BatchNorm2d]): the norm computes in float32 while its running
+    statistics stay the model's float16 buffers, updated in place."""
+    policy = poptorch.autocasting.Policy(fp32=[torch.nn.BatchNorm2d])
+    reference = Net().train()
+    expected = reference(_x())
+    model = Net().train().half()
+    model.autocast()
+    opts = _opts()
+    opts.Precision.autocastPolicy(policy)
+    seen = _dtypes_of_layers(model)
+    out = poptorch.inferenceModel(model, opts)(_x().half())
+    assert seen["norm"] == torch.float32 and seen["fc"] == torch.float16
+    assert model.norm.running_mean.dtype == torch.float16
+    torch.testing.assert_close(out.float(), expected.detach(), **HALF_TOL)
+    torch.testing.assert_close(model.norm.running_mean.float(), reference.norm.running_mean,
+                               atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(model.norm.running_var.float(), reference.norm.running_var,
+                               atol=2e-3, rtol=2e-3)
