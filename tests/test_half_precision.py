@@ -416,3 +416,25 @@ def test_a_float32_norm_policy_in_a_half_model_updates_its_float16_statistics():
                                atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(model.norm.running_var.float(), reference.norm.running_var,
                                atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("mode", ["half", "autocast"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "vit"])
+def test_hugging_face_models_in_float16_match_the_float32_cpu_model(name, mode):
+    """BERT, GPT-2 and ViT (attention masks built with float16 limits, layer norms,
+    GELU, softmax): model.half() and model.autocast() in an inferenceModel."""
+    pytest.importorskip("transformers")
+    from test_hf_models import MODELS, WithLoss, batch
+    torch.manual_seed(0)
+    model = MODELS[name]().eval()
+    inputs, labels = batch(name, 0, padded=True)
+    expected_loss, expected_logits = WithLoss(model)(inputs, labels)
+    if mode == "half":
+        model.half()
+        inputs = {k: v.half() if v.is_floating_point() else v for k, v in inputs.items()}
+    else:
+        model.autocast()
+    loss, logits = poptorch.inferenceModel(WithLoss(model), _opts())(inputs, labels)
+    assert logits.dtype == torch.float16
+    torch.testing.assert_close(logits.float(), expected_logits.detach(), **HALF_TOL)
+    torch.testing.assert_close(float(loss), float(expected_loss), atol=5e-3, rtol=5e-3)
