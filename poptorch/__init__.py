@@ -11,6 +11,7 @@ from typing import Any, Dict
 import torch
 
 from . import _C
+from . import _ops
 from . import _device_module
 from . import _grad_scaler
 from . import _serialization
@@ -24,6 +25,7 @@ from ._errors import Error, RecoverableError, UnrecoverableError
 from ._executor import PoplarExecutor, inferenceModel, trainingModel
 from ._inputs import ICustomArgParser, registerCustomArgParser
 from ._logging import logger, setLogLevel
+from ._ops import *  # noqa: F401,F403  (PopTorch's ops are poptorch.<name>)
 from ._losses import identity_loss, isRunningOnIpu
 # poptorch.print is PopTorch's; it stays out of __all__ so that `import *` keeps the builtin.
 from ._printing import module_repr, print  # pylint: disable=redefined-builtin
@@ -89,4 +91,4 @@ __all__ = [
     "isRunningOnIpu", "logger", "metrics", "module_repr", "optim", "registerCustomArgParser",
     "registerPostCompileHook", "registerPreCompileHook", "reset_metrics", "setLogLevel",
     "set_executable_cache_size", "synchronize", "trainingModel",
-] + enums.__all__
+] + enums.__all__ + _ops.__all__

@@ -99,10 +99,7 @@ EXPECTED_MISSING = {
         "PipelinedExecution", "ShardedExecution", "SerialPhasedExecution",
         "ParallelPhasedExecution", "recomputationCheckpoint")},
     **{f"poptorch.{name}": ISSUE_12 for name in (
-        "load", "profiling", "Attribute", "ipu_print_tensor", "nop",
-        "for_loop", "cond", "dynamic_slice", "dynamic_update", "CPU", "custom_op", "MultiConv",
-        "NameScope", "ctc_beam_search_decoder", "fps", "nearest", "serializedMatMul",
-        "set_available_memory", "set_overlap_for_input", "set_overlap_for_output")},
+        "load", "profiling", "Attribute", "NameScope")},
     **{f"PoplarExecutor.{name}": ISSUE_12 for name in (
         "compileAndExport", "save", "loadExecutable", "cycleCount", "compilationTime",
         "getPerfCounters", "getHostIpuLatency", "getComputeLatency", "getIpuHostLatency",
@@ -204,6 +201,24 @@ SIGNATURES = {
     "Options.TensorLocations.numIOTiles": "num_tiles",
     "Options.Distributed.configureProcessId": "process_id num_processes",
     "PoplarExecutor.load_state_dict": "state_dict strict",
+    "poptorch.ipu_print_tensor": "tensor title print_gradient summarise_threshold edge_items "
+                                 "max_line_width digits float_format separator open_bracket "
+                                 "close_bracket",
+    "poptorch.nop": "tensor",
+    "poptorch.for_loop": "count body inputs",
+    "poptorch.cond": "condition then_body then_inps else_body else_inps",
+    "poptorch.dynamic_slice": "tensor dim start size step",
+    "poptorch.dynamic_update": "input src dim start size",
+    "poptorch.CPU": "layer_to_call ID",
+    "poptorch.custom_op": "inputs name domain domain_version example_outputs attributes",
+    "poptorch.ctc_beam_search_decoder": "probs lengths blank beam_width top_paths",
+    "poptorch.fps": "src ptr ratio random_start",
+    "poptorch.nearest": "x y batch_x batch_y",
+    "poptorch.serializedMatMul": "lhs rhs mode factor keep_precision",
+    "poptorch.set_available_memory": "tensor available_memory_proportion",
+    "poptorch.set_overlap_for_input": "input_tensors mode",
+    "poptorch.set_overlap_for_output": "output_tensors mode",
+    "poptorch.identity_loss": "x reduction",
     "poptorch.optim.SGD": "params lr momentum dampening weight_decay nesterov maximize foreach "
                           "differentiable loss_scaling velocity_scaling use_combined_accum "
                           "accum_type velocity_accum_type max_grad_norm",

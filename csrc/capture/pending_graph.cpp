@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "capture/step_capture.h"
 #include "common/environment.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -124,7 +125,7 @@ std::unique_ptr<runtime::Program> PendingGraph::prepareLazily() {
 void PendingGraph::streamPendingNodes() {
   std::unique_ptr<runtime::Program> program = prepareLazily();
   if (!program) return;
-  if (!program->usesDefaultGenerator()) {
+  if (!program->needsCallingThread()) {
     runtime::Worker::get().submit(std::move(program));
     return;
   }
@@ -233,6 +234,7 @@ std::vector<at::Tensor> PendingGraph::evaluate(const std::vector<at::Tensor>& te
       }
     }
     std::shared_ptr<const compiler::Executable> exe = executableFor(graph);
+    const HostReadEvaluation evaluation;
     runtime::Program(std::move(exe), std::move(graph), storages).run();
   }
   std::vector<at::Tensor> values;

@@ -46,7 +46,19 @@ const c10::OperatorHandle& guardEqualOp() {
 
 }  // namespace
 
+namespace {
+thread_local bool evaluating_for_host_read = false;
+}  // namespace
+
 bool capturingStep() { return PendingGraph::capturingStep(); }
+
+bool evaluatingForHostRead() { return evaluating_for_host_read; }
+
+HostReadEvaluation::HostReadEvaluation() : outer_(evaluating_for_host_read) {
+  evaluating_for_host_read = true;
+}
+
+HostReadEvaluation::~HostReadEvaluation() { evaluating_for_host_read = outer_; }
 
 at::Tensor readForHost(const at::Tensor& tensor) {
   PendingGraph& pending = PendingGraph::get();

@@ -15,6 +15,23 @@ namespace poptorch::capture {
 // True while a step is captured whole.
 bool capturingStep();
 
+// True while this thread runs the pending graph on the side to answer a host
+// read (PendingGraph::evaluate): ops with host effects (printing) compute their
+// results then without acting, as the step has not run yet.
+bool evaluatingForHostRead();
+
+// Marks this thread as evaluating for a host read while it lives.
+class HostReadEvaluation {
+ public:
+  HostReadEvaluation();
+  ~HostReadEvaluation();
+  HostReadEvaluation(const HostReadEvaluation&) = delete;
+  HostReadEvaluation& operator=(const HostReadEvaluation&) = delete;
+
+ private:
+  bool outer_;
+};
+
 // The value of `tensor` (an ipu tensor) as a contiguous CPU tensor, and a
 // guard that it recurs. The caller holds PendingGraph's lock.
 at::Tensor readForHost(const at::Tensor& tensor);

@@ -1,6 +1,7 @@
 #include "ir/graph.h"
 
 #include <absl/strings/str_cat.h>
+#include <absl/strings/match.h>
 #include <absl/strings/str_join.h>
 #include <c10/util/strides.h>
 
@@ -38,6 +39,13 @@ std::string Node::name() const {
 }
 
 bool Node::isNondeterministic() const { return op.hasTag(at::Tag::nondeterministic_seeded); }
+
+bool Node::hasHostEffects() const {
+  // Guards check a value and have no effect when they hold.
+  if (guard != Guard::kNone) return false;
+  const std::string& qualified = op.operator_name().name;
+  return !absl::StartsWith(qualified, "aten::") && !absl::StartsWith(qualified, "prims::");
+}
 
 BufferId Graph::addBuffer(BufferInfo info) {
   buffers.push_back(info);

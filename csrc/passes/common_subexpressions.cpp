@@ -30,7 +30,10 @@ bool argsEqual(const ir::Node& a, const ir::Node& b) {
 }
 
 bool mergeable(const ir::Node& node, const ir::Graph& graph) {
-  if (node.outputs.empty() || !node.writes.empty() || node.isNondeterministic()) return false;
+  if (node.outputs.empty() || !node.writes.empty() || node.isNondeterministic() ||
+      node.hasHostEffects()) {
+    return false;
+  }
   for (const ir::Arg& arg : node.args) {
     // Runtime arguments may differ on the next run of the same executable.
     if (arg.kind == ir::ArgKind::kRuntime) return false;

@@ -13,9 +13,11 @@ ir::Graph eliminateDeadCode(ir::Graph graph) {
   std::vector<bool> keep(graph.nodes.size(), false);
   for (size_t i = graph.nodes.size(); i-- > 0;) {
     const ir::Node& node = graph.nodes[i];
-    // Guards must hold whatever uses their results; other nodes without
-    // results or writes have opaque side effects.
-    bool live = node.guard != ir::Guard::kNone || (node.outputs.empty() && node.writes.empty());
+    // Guards must hold whatever uses their results; ops acting on the host
+    // (printing, callbacks) act whether or not their results are used; other
+    // nodes without results or writes have opaque side effects.
+    bool live = node.guard != ir::Guard::kNone || node.hasHostEffects() ||
+                (node.outputs.empty() && node.writes.empty());
     for (const ir::TensorRef& out : node.outputs) live = live || needed[out.buffer];
     for (ir::BufferId w : node.writes) live = live || needed[w];
     if (!live) continue;

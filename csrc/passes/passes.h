@@ -7,13 +7,14 @@
 
 namespace poptorch::passes {
 
-// Removes nodes whose results and writes no live buffer can observe.
+// Removes nodes whose results and writes no live buffer can observe (nodes
+// with host effects stay).
 ir::Graph eliminateDeadCode(ir::Graph graph);
 
 // Removes a node that repeats an earlier one (same op, same constant
 // arguments, same inputs holding the same values) and makes its readers use
-// the earlier node's results. Only pure, deterministic nodes whose results are
-// temporaries and are never written afterwards are merged.
+// the earlier node's results. Only pure, deterministic nodes without host
+// effects whose results are temporaries and are never written afterwards are merged.
 ir::Graph eliminateCommonSubexpressions(ir::Graph graph);
 
 // Fuses an addmm with the relu that is the only reader of its result into one

@@ -8,6 +8,7 @@
 #include "capture/capture.h"
 #include "capture/meta_inference.h"
 #include "capture/pending_graph.h"
+#include "capture/step_capture.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/source_location.h"
@@ -198,6 +199,8 @@ PYBIND11_MODULE(_C, m) {
     auto lock = capture::PendingGraph::get().lock();
     capture::PendingGraph::get().discard();
   });
+  m.def("evaluating_for_host_read", &capture::evaluatingForHostRead,
+        "True while the pending graph runs on the side to answer a host read.");
   m.def("begin_step_capture", &capture::PendingGraph::beginStepCapture,
         "Ops of this thread are captured into a step of their own, run as a whole.");
   m.def("end_step_capture", &capture::PendingGraph::endStepCapture,

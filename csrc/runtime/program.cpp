@@ -24,7 +24,8 @@ Program::Program(std::shared_ptr<const compiler::Executable> executable,
     if (storages_[b]) external_[b] = storages_[b].unsafeGetStorageImpl();
   }
   for (const ir::Node& node : graph_->nodes) {
-    uses_default_generator_ = uses_default_generator_ || (node.seed && node.generator_arg < 0);
+    needs_calling_thread_ = needs_calling_thread_ || (node.seed && node.generator_arg < 0) ||
+                            node.hasHostEffects();
   }
 }
 

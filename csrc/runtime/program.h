@@ -46,10 +46,13 @@ class Program {
   // run may then throw GuardFailure, having changed nothing.
   bool hasGuards() const { return executable_->has_guards; }
   const std::vector<c10::Storage>& storages() const { return storages_; }
-  // True when a random op in it draws from the default generator, whose state
-  // the runtime swaps while it runs: such a program must run on the thread
-  // that captures (and draws seeds), not on the worker.
-  bool usesDefaultGenerator() const { return uses_default_generator_; }
+  // True when the program must run on the calling thread, one run at a time:
+  // a random op in it draws from the default generator, whose state the
+  // runtime swaps while it runs (and the capturing thread draws seeds from),
+  // or a node has host effects (ir::Node::hasHostEffects), which must happen
+  // in order and may call Python (the caller may hold the GIL while it waits
+  // for the worker).
+  bool needsCallingThread() const { return needs_calling_thread_; }
 
  private:
   Program(std::shared_ptr<const compiler::Executable> executable,
@@ -63,7 +66,7 @@ class Program {
   std::shared_ptr<const ir::Graph> graph_;   // as captured: runtime arguments come from here
   std::vector<c10::Storage> storages_;       // keeps external buffers alive
   std::vector<c10::StorageImpl*> external_;  // per buffer, null unless external
-  bool uses_default_generator_ = false;
+  bool needs_calling_thread_ = false;
 };
 
 }  // namespace poptorch::runtime

@@ -159,15 +159,15 @@ std::pair<std::unique_ptr<Program>, Lane> twinLane(const Program& micro_step,
 
 // Inference micro-batches are independent: with two lanes, one per core,
 // they run two at a time. Only when the program writes nothing the lanes
-// share, draws no default-generator randoms, is not specialised on values read
-// while capturing, and outputs are not summed.
+// share, needs no calling thread (default-generator randoms, host effects),
+// is not specialised on values read while capturing, and outputs are not summed.
 bool lanesApply(const Program* micro_step, const Program* update,
                 const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                 const StepShape& shape, const std::vector<OutputSlots>& slots) {
   const bool sums = std::any_of(slots.begin(), slots.end(),
                                 [](const OutputSlots& s) { return s.sums(); });
   if (micro_step == nullptr || update != nullptr || sums ||
-      micro_step->usesDefaultGenerator() ||
+      micro_step->needsCallingThread() ||
       shape.iterations * shape.accumulation * shape.replicas < 2) {
     return false;
   }
