@@ -18,6 +18,7 @@ import torch.utils._pytree as pytree
 from tqdm import tqdm
 
 from . import _C
+from . import _buffers
 from . import _compile_hooks
 from . import _inputs
 from . import _precision
@@ -87,6 +88,7 @@ class PoplarExecutor(WrapperState):
         self._device_optimizer: Optional[DeviceOptimizer] = None
         self._step: Optional[StepCapture] = None
         self._micro_step: Optional[Any] = None
+        self._replica_buffers: Optional[Any] = None  # broadcastBuffers(False)
         self._update: Optional[Any] = None
         self._compiled = False
         self._attached = False
@@ -167,7 +169,7 @@ class PoplarExecutor(WrapperState):
             self._device_optimizer.release()  # the host optimiser keeps the state
         self._state.detach()
         self._device_optimizer = None
-        self._micro_step = self._update = self._step = None
+        self._micro_step = self._update = self._step = self._replica_buffers = None
         self._attached = False
 
     @_locked
@@ -323,6 +325,9 @@ class PoplarExecutor(WrapperState):
         self._micro_step = _C.StepVariants(step.micro_step(), step.recapture)
         if progress:
             progress.to(70)
+        self._replica_buffers = _buffers.replica_buffers(
+            self._model, self._state.tensors, self._micro_step, self._options.replication_factor,
+            self._options.broadcast_buffers)
         self._update = None
         if accumulate:
             reduction = self._options.Training.accumulation_and_replication_reduction_type
@@ -382,7 +387,8 @@ class PoplarExecutor(WrapperState):
         results = iter(_C.run_steps(self._micro_step, self._update, step.device_inputs,
                                     host_inputs, step.device_outputs, o.device_iterations,
                                     self._accumulation, o.replication_factor, native[mode],
-                                    o.output_return_period, seed, gathers))
+                                    o.output_return_period, seed, gathers,
+                                    self._replica_buffers))
         self._write_back(self._given, host_inputs)
         if self._training:
             # The optimiser stepped, on the device: an LR scheduler stepped

@@ -25,6 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import _C
+from . import _buffers
 from . import _precision
 from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
@@ -92,7 +93,8 @@ class StepCapture:
         # on the IPU, as in PopTorch (random ones are drawn there on every run).
         with _whole_step_capture(), recorder, RunningOnIpu(), self._state.device:
             with torch.enable_grad() if self.training else torch.no_grad(), \
-                    _precision.forward_casting(self.precision, self.model):
+                    _precision.forward_casting(self.precision, self.model), \
+                    _buffers.kept_in_forward(self.model, self._state.tensors):
                 outputs = torch.func.functional_call(self.model, self._state.tensors,
                                                      self._args, self._kwargs, strict=False)
             if self.training:

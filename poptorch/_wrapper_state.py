@@ -21,7 +21,7 @@ from ._errors import Error
 class WrapperState:
     """Methods of PoplarExecutor (which provides ``_model``, ``_options``,
     ``_training``, ``_state``, ``_attached``, ``_compiled``, ``_anchored``,
-    ``_rng`` and ``_lock``)."""
+    ``_rng``, ``_replica_buffers`` and ``_lock``)."""
 
     def getTensorNames(self) -> List[str]:
         """The names of the tensors ``Options.anchorTensor`` may anchor: the
@@ -79,6 +79,8 @@ class WrapperState:
                 raise Error("copyNamedBuffersToDevice: the model is not attached to the IPU "
                             "(call it, or attachToDevice(), first)")
             self._state.copy_to_device({name: buffers[name] for name in names})
+            if self._replica_buffers is not None:
+                self._replica_buffers.reset()  # every replica takes the host's values
 
     @property
     def rng_state(self) -> List[int]:

@@ -67,7 +67,6 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "enableProfiling": (_never, "no PopVision reports are produced"),
     "logDir": (_never, "the emulator writes no report files"),
     "logCycleCount": (_only(False), "the emulator counts no IPU cycles"),
-    "broadcastBuffers": (_only(True), "replicas share the host's buffers"),
     "sourceLocationExcludes": (
         lambda excludes: tuple(excludes) == _DEFAULT_LOCATION_EXCLUDES,
         "errors name the first frame outside torch and poptorch"),
@@ -751,10 +750,11 @@ class Options(_Settings):
                                       _bool("logCycleCount", log_cycle_count))
 
     def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:
-        """Broadcast buffers to every replica on each run (True) or give each
-        replica buffers of its own (False)."""
-        return self._set_not_honoured("broadcastBuffers", "broadcast_buffers",
-                                      _bool("broadcastBuffers", broadcast_buffers))
+        """With replicas, buffers the model changes in place cannot be
+        broadcast (True, the default, is then an error, as in PopTorch); with
+        False each replica keeps buffers of its own, starting from the host's
+        values. The host model sees replica 0's."""
+        return self._set("broadcast_buffers", _bool("broadcastBuffers", broadcast_buffers))
 
     def disableModuleNamescope(self) -> Options:
         """Stop naming ops after the modules that run them."""

@@ -341,7 +341,6 @@ def messages(log):
     (lambda o: o.enableProfiling("reports"), ("profile_dir", "reports"), "enableProfiling"),
     (lambda o: o.logDir("logs"), ("log_dir", "logs"), "logDir('logs')"),
     (lambda o: o.enableSyntheticData(True), ("synthetic_data", True), "enableSyntheticData"),
-    (lambda o: o.broadcastBuffers(False), ("broadcast_buffers", False), "broadcastBuffers"),
     (lambda o: o.useOfflineIpuTarget(), ("ipu_version", 2), "useOfflineIpuTarget(2)"),
     (lambda o: o._Popart.set("autoRecomputation", 3),
      ("_Popart.options", {"autoRecomputation": 3}), "_Popart.set('autoRecomputation', 3)"),

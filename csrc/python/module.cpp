@@ -17,6 +17,7 @@
 #include "device/ipu_tensor.h"
 #include "runtime/executor.h"
 #include "runtime/program.h"
+#include "runtime/replica_buffers.h"
 #include "runtime/step_runner.h"
 #include "runtime/step_variants.h"
 
@@ -70,7 +71,8 @@ std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, const runtim
                                  const std::vector<at::Tensor>& device_outputs, int64_t iterations,
                                  int64_t accumulation, int64_t replicas, int output_mode,
                                  int64_t return_period, uint64_t seed,
-                                 const std::vector<std::pair<int, int64_t>>& output_gathers) {
+                                 const std::vector<std::pair<int, int64_t>>& output_gathers,
+                                 runtime::ReplicaBuffers* replica_buffers) {
   runtime::StepShape shape;
   shape.iterations = iterations;
   shape.accumulation = accumulation;
@@ -80,7 +82,7 @@ std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, const runtim
     shape.output_gathers.push_back({static_cast<runtime::OutputMode>(mode), period});
   }
   return runtime::runSteps(micro_step, update, device_inputs, host_inputs, device_outputs, shape,
-                           seed);
+                           seed, replica_buffers);
 }
 
 // Python may look at an ipu tensor's storage (serialization, data_ptr(),
@@ -223,6 +225,11 @@ PYBIND11_MODULE(_C, m) {
         py::arg("iterations"), py::arg("accumulation"), py::arg("replicas"),
         py::arg("output_mode"), py::arg("return_period"), py::arg("seed"),
         py::arg("output_gathers") = std::vector<std::pair<int, int64_t>>{},
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("replica_buffers") = nullptr, py::call_guard<py::gil_scoped_release>());
+  py::class_<runtime::ReplicaBuffers, std::shared_ptr<runtime::ReplicaBuffers>>(
+      m, "ReplicaBuffers", "Each replica's own values of the buffers a step updates.")
+      .def(py::init<std::vector<at::Tensor>, int64_t>(), py::arg("buffers"), py::arg("replicas"))
+      .def("reset", &runtime::ReplicaBuffers::reset,
+           "Every replica takes the buffers' current values.");
   setSourceLocationProvider(&pythonSourceLocation);
 }

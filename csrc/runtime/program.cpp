@@ -1,5 +1,6 @@
 #include "runtime/program.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/metrics.h"
@@ -49,20 +50,19 @@ bool Program::writes(const c10::StorageImpl* storage) const {
   return false;
 }
 
-bool Program::writesOnly(const std::vector<c10::Storage>& own) const {
-  auto owned = [&](ir::BufferId b) {
+bool Program::writesOnly(const std::vector<c10::Storage>& reloaded,
+                         const std::vector<c10::Storage>& produced) const {
+  auto among = [&](ir::BufferId b, const std::vector<c10::Storage>& storages) {
     if (executable_->roles[b] != compiler::BufferRole::kExternal) return true;
-    for (const c10::Storage& s : own) {
-      if (storages_[b].is_alias_of(s)) return true;
-    }
-    return false;
+    return std::any_of(storages.begin(), storages.end(),
+                       [&](const c10::Storage& s) { return storages_[b].is_alias_of(s); });
   };
   for (const ir::Node& node : executable_->program.nodes) {
     for (ir::BufferId w : node.writes) {
-      if (!owned(w)) return false;
+      if (!among(w, reloaded)) return false;
     }
     for (const ir::TensorRef& out : node.outputs) {
-      if (!owned(out.buffer)) return false;
+      if (!among(out.buffer, reloaded) && !among(out.buffer, produced)) return false;
     }
   }
   return true;

@@ -25,9 +25,13 @@ class Program {
   // True if a node writes `storage` (an ipu storage the program is bound to) in place.
   bool writes(const c10::StorageImpl* storage) const;
 
-  // True if every buffer the program writes is one of `own` (or a temporary):
-  // twins that own those storages can then run at the same time.
-  bool writesOnly(const std::vector<c10::Storage>& own) const;
+  // True if every buffer the program writes in place is one of `reloaded`
+  // (storages given a new value before each run) and every result it
+  // computes goes to one of `reloaded` or `produced` (or a temporary): no
+  // value then carries from one run to the next, and twins that own those
+  // storages can run at the same time.
+  bool writesOnly(const std::vector<c10::Storage>& reloaded,
+                  const std::vector<c10::Storage>& produced) const;
 
   // Runs the program once. A non-zero `seed_salt` gives its random ops fresh
   // seeds (every replay of a training step draws new dropout masks). A node

@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 
+#include "common/logging.h"
 #include "common/metrics.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
@@ -171,10 +172,13 @@ bool lanesApply(const Program* micro_step, const Program* update,
       shape.iterations * shape.accumulation * shape.replicas < 2) {
     return false;
   }
-  std::vector<c10::Storage> own;
-  for (const at::Tensor& t : inputs) own.push_back(t.storage());
-  for (const at::Tensor& t : outputs) own.push_back(t.storage());
-  return micro_step->writesOnly(own);
+  // Inputs are reloaded for every micro-batch; an output written in place (a
+  // buffer the model returns) would carry a value from one to the next.
+  std::vector<c10::Storage> reloaded;
+  std::vector<c10::Storage> produced;
+  for (const at::Tensor& t : inputs) reloaded.push_back(t.storage());
+  for (const at::Tensor& t : outputs) produced.push_back(t.storage());
+  return micro_step->writesOnly(reloaded, produced);
 }
 
 // Runs micro-batches first, first + stride, ... of `count` on `lane`, and
@@ -182,8 +186,10 @@ bool lanesApply(const Program* micro_step, const Program* update,
 void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
              const std::vector<at::Tensor>& host_inputs, const std::vector<OutputSlots>& slots,
              std::vector<GatheredOutput>& outputs, uint64_t seed, const Program* update = nullptr,
-             int64_t per_iteration = 1) {
+             int64_t per_iteration = 1, ReplicaBuffers* replica_buffers = nullptr,
+             int64_t replicas = 1) {
   for (int64_t k = first; k < count; k += stride) {
+    if (replica_buffers != nullptr) replica_buffers->select(k % replicas);
     for (size_t j = 0; j < lane.inputs.size(); ++j) copyRows(host_inputs[j], k, lane.inputs[j]);
     const Program& ran = lane.run(seed + static_cast<uint64_t>(k) + 1);
     for (size_t j = 0; j < lane.inputs.size(); ++j) {
@@ -229,7 +235,8 @@ std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update
                                  const std::vector<at::Tensor>& device_inputs,
                                  const std::vector<at::Tensor>& host_inputs,
                                  const std::vector<at::Tensor>& device_outputs,
-                                 const StepShape& shape, uint64_t seed) {
+                                 const StepShape& shape, uint64_t seed,
+                                 ReplicaBuffers* replica_buffers) {
   TORCH_CHECK(device_inputs.size() == host_inputs.size(),
               "internal: host and device inputs differ in number");
   Worker::get().waitIdle();
@@ -251,11 +258,25 @@ std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update
       [&micro_step](uint64_t seed_salt) -> const Program& { return micro_step.run(seed_salt); },
       device_inputs, device_outputs};
   const Program* unguarded = micro_step.unguarded();
-  if (lanesApply(unguarded, update, device_inputs, device_outputs, shape, slots)) {
+  if (replica_buffers == nullptr &&
+      lanesApply(unguarded, update, device_inputs, device_outputs, shape, slots)) {
     auto [twin, second] = twinLane(*unguarded, device_inputs, device_outputs);
     runInTwoLanes(lane, second, count, host_inputs, slots, outputs, seed);
   } else {
-    runLane(lane, 0, 1, count, host_inputs, slots, outputs, seed, update, per_iteration);
+    // Replica 0's buffers are the host's again after the call, even a failed one.
+    struct Settle {
+      ReplicaBuffers* buffers;
+      ~Settle() {
+        if (buffers == nullptr) return;
+        try {
+          buffers->settle();
+        } catch (const std::exception& error) {  // a destructor must not throw
+          POPTORCH_LOG(kErr) << "restoring replica 0's buffers failed: " << error.what();
+        }
+      }
+    } settle{replica_buffers};
+    runLane(lane, 0, 1, count, host_inputs, slots, outputs, seed, update, per_iteration,
+            replica_buffers, shape.replicas);
   }
 
   std::vector<at::Tensor> results;

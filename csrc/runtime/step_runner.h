@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/program.h"
+#include "runtime/replica_buffers.h"
 #include "runtime/step_variants.h"
 
 namespace poptorch::runtime {
@@ -34,10 +35,12 @@ struct StepShape {
 // per their output mode into host tensors, which are returned. `update` (may be
 // null) runs after each iteration's micro-batches. A micro-step whose guards
 // fail is captured again (see StepVariants) and the loop goes on.
+// `replica_buffers` (may be null) swaps in each replica's own buffers.
 std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update,
                                  const std::vector<at::Tensor>& device_inputs,
                                  const std::vector<at::Tensor>& host_inputs,
                                  const std::vector<at::Tensor>& device_outputs,
-                                 const StepShape& shape, uint64_t seed);
+                                 const StepShape& shape, uint64_t seed,
+                                 ReplicaBuffers* replica_buffers = nullptr);
 
 }  // namespace poptorch::runtime
