@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Set, Tuple
 import torch
 
 from . import _C
+from . import _loss_scaling
 from . import _update_rules as rules
 from . import optim as popoptim
 from ._errors import Error
@@ -55,7 +56,8 @@ class DeviceOptimizer:
     """State and hyper-parameters of one optimiser on the IPU."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, device_params: Dict[int, torch.Tensor],
-                 device: torch.device, relax_checks: bool = False) -> None:
+                 device: torch.device, relax_checks: bool = False,
+                 automatic_loss_scaling: bool = False) -> None:
         self.algorithm = rules.algorithm_of(optimizer)
         self.optimizer = optimizer
         self.device = device
@@ -73,6 +75,9 @@ class DeviceOptimizer:
             self.groups.append((params, hyper))
             for p in params:
                 self.state[id(p)] = rules.initial_state(self.algorithm, p, optimizer)
+        self.automatic_loss_scaling = automatic_loss_scaling  # Training.setAutomaticLossScaling
+        if automatic_loss_scaling:  # the scale changes on the device
+            self.variables.add("loss_scaling")
         self.loss_scaling = self._value("loss_scaling", getattr(optimizer, "loss_scaling", 1.0))
         self.max_grad_norm = getattr(optimizer, "max_grad_norm", None)
         self._compiled_values = self._constants(optimizer)
@@ -139,13 +144,27 @@ class DeviceOptimizer:
         ``reduction``, e.g. 1 / micro-batches for mean). The gradients serve
         as scratch; accumulated ones are cleared after the update."""
         with torch.no_grad():
+            # Read before the gradients (scratch) are unscaled.
+            statistics = (_loss_scaling.Statistics(gradients.values())
+                          if self.automatic_loss_scaling else None)
             grads = {key: g if g.dtype == torch.float32 else g.float()
                      for key, g in gradients.items()}
             factor = reduction / self.loss_scaling  # a float, or a 0-dim tensor if variable
             for g in grads.values():
                 rules.scale_(g, factor)
-            rules.apply_update(self.algorithm, self.optimizer, self.groups, grads, self.state,
-                               self.max_grad_norm)
+
+            def update() -> None:
+                rules.apply_update(self.algorithm, self.optimizer, self.groups, grads,
+                                   self.state, self.max_grad_norm)
+
+            if statistics is not None:
+                protected = [p for params, _ in self.groups for p in params
+                             if id(p) in gradients]
+                protected += [t for p in protected for t in self.state[id(p)].values()]
+                _loss_scaling.update_with_automatic_scale(self.loss_scaling, statistics,
+                                                          protected, update)
+            else:
+                update()
             if accumulated:
                 for acc in gradients.values():
                     acc.zero_()

@@ -298,7 +298,8 @@ class PoplarExecutor(WrapperState):
         if self._training:
             self._device_optimizer = DeviceOptimizer(
                 self._optimizer, device_params, _DEVICE,
-                relax_checks=self._options.relax_optimizer_attributes_checks)
+                relax_checks=self._options.relax_optimizer_attributes_checks,
+                automatic_loss_scaling=self._options.Training.automatic_loss_scaling)
         device_inputs = []
         device_leaves = []
         for leaf in leaves:

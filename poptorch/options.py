@@ -75,7 +75,6 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "modelName": (_never, "no profiling reports are written"),
     "disableModuleNamescope": (_never, "ops are not named after modules"),
     "setExecutionStrategy": (_never, "the whole graph runs as one stage on one emulated IPU"),
-    "Training.setAutomaticLossScaling": (_only(False), "losses are not rescaled"),
     "Training.setMeanAccumulationAndReplicationReductionStrategy": (
         _only(MeanReductionStrategy.Post), "gradients are summed over the micro-batches and "
         "divided once at the update (Post), which equals the other strategies up to rounding"),
@@ -298,9 +297,10 @@ class _TrainingOptions(_Settings):
                   MeanReductionStrategy, mean_reduction_strategy))
 
     def setAutomaticLossScaling(self, enabled: bool) -> _TrainingOptions:
-        """Let the loss scaling factor adapt itself during training."""
-        return self._set_not_honoured("setAutomaticLossScaling", "automatic_loss_scaling",
-                                      _bool("Training.setAutomaticLossScaling", enabled))
+        """Let the loss scaling factor adapt itself during training, starting from
+        the optimiser's ``loss_scaling`` (the rule: ``poptorch._loss_scaling``)."""
+        return self._set("automatic_loss_scaling",
+                         _bool("Training.setAutomaticLossScaling", enabled))
 
     def setConvolutionDithering(self, enabled: bool) -> _TrainingOptions:
         """Lay out convolutions with different parameters from different tiles."""

@@ -438,3 +438,53 @@ def test_hugging_face_models_in_float16_match_the_float32_cpu_model(name, mode):
     assert logits.dtype == torch.float16
     torch.testing.assert_close(logits.float(), expected_logits.detach(), **HALF_TOL)
     torch.testing.assert_close(float(loss), float(expected_loss), atol=5e-3, rtol=5e-3)
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self, loss_factor):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8, 4)
+        self.loss_factor = loss_factor
+
+    def forward(self, x, y):
+        out = self.fc(x)
+        return out, F.cross_entropy(out.float(), y) * self.loss_factor
+
+
+def _train_automatic(loss_factor, lr, loss_scaling, steps):
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    model = _Tiny(loss_factor).half()
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=lr, loss_scaling=loss_scaling)
+    opts = _opts()
+    opts.Training.setAutomaticLossScaling(True)
+    training = poptorch.trainingModel(model, opts, optimizer)
+    losses, scales, weights = [], [], []
+    for _ in range(steps):
+        losses.append(float(training(x.half(), y)[1]))
+        scales.append(float(optimizer.state_dict()["ipu_param"]["loss_scaling"]))
+        weights.append(model.fc.weight.detach().clone())
+    training.destroy()
+    return losses, scales, weights
+
+
+def test_automatic_loss_scaling_grows_the_scale_until_float16_gradients_train():
+    """The underflowing loss of the test above, with loss_scaling left at 1."""
+    losses, scales, weights = _train_automatic(1e-8, 2e7, 1.0, steps=30)
+    assert scales[:3] == [2.0, 4.0, 8.0]  # no gradient near float16's top: doubled
+    assert torch.equal(weights[0], weights[1])  # at first every gradient is 0
+    assert scales[-1] >= 2.0**20
+    assert losses[-1] < 0.9 * losses[0]
+    assert all(torch.isfinite(w).all() for w in weights)
+
+
+def test_automatic_loss_scaling_skips_overflowing_steps_and_lowers_the_scale():
+    losses, scales, weights = _train_automatic(1.0, 0.5, 2.0**30, steps=40)
+    start = _Tiny(1.0).half().fc.weight.detach()
+    overflowed = [i for i in range(len(scales)) if torch.equal(weights[i], start)]
+    assert overflowed and overflowed == list(range(len(overflowed)))  # the first steps
+    assert scales[0] == 2.0**29 and scales[len(overflowed) - 1] < 2.0**20
+    assert max(scales[-10:]) <= 4 * min(scales[-10:])  # then it settles below overflow
+    assert all(torch.isfinite(w).all() for w in weights)
+    assert losses[-1] < losses[len(overflowed)]  # then it trains
