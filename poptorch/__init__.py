@@ -16,6 +16,7 @@ from . import _device_module
 from . import _grad_scaler
 from . import _serialization
 from . import autocasting
+from . import distributed
 from . import enums
 from . import optim
 from ._compile_hooks import registerPostCompileHook, registerPreCompileHook

@@ -205,6 +205,8 @@ PYBIND11_MODULE(_C, m) {
         "True while the pending graph runs on the side to answer a host read.");
   m.def("begin_step_capture", &capture::PendingGraph::beginStepCapture,
         "Ops of this thread are captured into a step of their own, run as a whole.");
+  m.def("capturing_step", &capture::PendingGraph::capturingStep,
+        "True while this thread captures the step of a trainingModel/inferenceModel.");
   m.def("end_step_capture", &capture::PendingGraph::endStepCapture,
         "Ends the step capture of this thread, discarding what was not prepared.");
   m.def("prepare_program", &prepareProgram,

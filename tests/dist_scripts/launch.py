@@ -1,0 +1,48 @@
+"""Runs a script under torchrun on loopback, bounded in time, leaving nothing behind."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 180,
+             torchrun_args: Optional[List[str]] = None,
+             env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node nproc script args`` over 127.0.0.1. The whole
+    process group (torchrun and its workers) is killed if it outlives
+    ``timeout``, which raises ``subprocess.TimeoutExpired``."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+               *(torchrun_args or []), str(SCRIPTS / script), *args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=full_env, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+    finally:
+        try:  # workers that outlived torchrun (they share its session)
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(command, process.returncode, out, err)

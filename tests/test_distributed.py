@@ -1,0 +1,44 @@
+"""torch.distributed on ipu tensors, several processes under torchrun on 127.0.0.1."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dist_scripts.launch import torchrun
+
+pytestmark = pytest.mark.slow  # each test starts processes that import torch
+
+
+def _check(result) -> None:
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+@pytest.mark.parametrize("backend", [None, "ipu", "cpu:gloo,ipu:ipu"])
+def test_collectives_on_ipu_tensors(backend):
+    result = torchrun("collectives.py", *([backend] if backend else []))
+    _check(result)
+    assert result.stdout.count("collectives ok") == 2
+
+
+def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
+    steps = 4
+    result = torchrun("ddp_train.py", str(tmp_path / "out.pt"), str(steps))
+    _check(result)
+    (weights0, losses0), (weights1, _) = torch.load(tmp_path / "out.pt")
+    for name in weights0:
+        torch.testing.assert_close(weights0[name], weights1[name], rtol=0, atol=0)
+
+    torch.manual_seed(1234)  # rank 0's initial weights, which DDP broadcast
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = torch.Generator().manual_seed(7)
+    for step in range(steps):
+        x, y = torch.randn(16, 6, generator=data), torch.randn(16, 3, generator=data)
+        with torch.no_grad():
+            half = torch.nn.functional.mse_loss(model(x[:8]), y[:8])
+        torch.testing.assert_close(torch.tensor(losses0[step]), half, rtol=1e-4, atol=1e-6)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(weights0[name], value, rtol=1e-4, atol=1e-6, msg=name)
