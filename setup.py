@@ -4,6 +4,7 @@ Build with ``pip install --no-build-isolation -e .`` (or ``scripts/setup.sh``):
 an isolated build environment would download a different torch.
 """
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "poptorch" / "_version.py").read_text())[1]
 
 
 class CMakeExtension(Extension):
@@ -46,7 +48,7 @@ class CMakeBuild(build_ext):
 
 setup(
     name="poptorch",
-    version="0.1.0",
+    version=VERSION,
     description="An ipu device and the PopTorch programming model for PyTorch",
     packages=find_packages(include=["poptorch", "poptorch.*"]),
     ext_modules=[CMakeExtension("poptorch._C")],

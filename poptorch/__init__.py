@@ -6,7 +6,7 @@ cached by structure and run on the emulated IPU when values are needed.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
@@ -28,9 +28,11 @@ from ._inputs import ICustomArgParser, registerCustomArgParser
 from ._logging import logger, setLogLevel
 from ._ops import *  # noqa: F401,F403  (PopTorch's ops are poptorch.<name>)
 from ._losses import identity_loss, isRunningOnIpu
+from ._precompilation import load as _load
 # poptorch.print is PopTorch's; it stays out of __all__ so that `import *` keeps the builtin.
 from ._printing import module_repr, print  # pylint: disable=redefined-builtin
 from .autocasting import autocast
+from ._version import __version__
 from .enums import *  # noqa: F401,F403  (PopTorch's enums are poptorch.<name> too)
 from .options import Options, TensorLocationSettings
 
@@ -52,7 +54,8 @@ def synchronize() -> None:
 
 def metrics() -> Dict[str, Any]:
     """Counters of what the ipu backend did since start (or ``reset_metrics``):
-    ``ops_captured``, ``graphs_compiled``, ``cache_hits``, ``cache_evictions``, ``executions``,
+    ``ops_captured``, ``graphs_compiled``, ``cache_hits``, ``cache_evictions``,
+    ``executables_loaded`` (from the disk cache or a precompiled file), ``executions``,
     ``host_fallbacks``, ``fallback_ops`` (op name -> count),
     ``compile_seconds``, ``execute_seconds``, ``bytes_to_ipu``, ``bytes_from_ipu``.
     """
@@ -73,6 +76,18 @@ def set_executable_cache_size(size: int) -> None:
     _C.set_executable_cache_capacity(size)
 
 
+def load(filename: str, edit_opts_fn: Optional[Callable[[Options], None]] = None) -> PoplarExecutor:
+    """Restores a model written by :meth:`PoplarExecutor.compileAndExport` or
+    :meth:`PoplarExecutor.save` (with ``export_model=True``): the model and
+    its weights, the optimiser and its state, the options and the compiled
+    executables, which are not compiled again. ``edit_opts_fn(options)`` may
+    change the options first (run-time ones, such as ``useIpuId``). The file
+    must come from this very build of poptorch; a file of another version, or a
+    damaged one, is a :class:`~poptorch.Error`. Files are unpickled: load only
+    files you trust."""
+    return _load(filename, edit_opts_fn)
+
+
 def ipuHardwareIsAvailable(num_ipus: int = 1) -> bool:
     """False: there is no IPU hardware here; the IPU Model (emulated on the
     host) runs everything."""
@@ -86,10 +101,10 @@ def ipuHardwareVersion() -> int:
 
 
 __all__ = [
-    "AsynchronousDataAccessor", "DataLoader", "autocast", "autocasting", "Error", "ICustomArgParser", "Options",
-    "PoplarExecutor", "RecoverableError", "TensorLocationSettings", "UnrecoverableError", "enums",
+    "AsynchronousDataAccessor", "DataLoader", "autocast", "autocasting", "Error",
+    "ICustomArgParser", "Options", "PoplarExecutor", "RecoverableError", "TensorLocationSettings", "UnrecoverableError", "enums",
     "identity_loss", "inferenceModel", "ipuHardwareIsAvailable", "ipuHardwareVersion",
-    "isRunningOnIpu", "logger", "metrics", "module_repr", "optim", "registerCustomArgParser",
+    "isRunningOnIpu", "load", "logger", "metrics", "module_repr", "optim", "registerCustomArgParser",
     "registerPostCompileHook", "registerPreCompileHook", "reset_metrics", "setLogLevel",
     "set_executable_cache_size", "synchronize", "trainingModel",
 ] + enums.__all__ + _ops.__all__

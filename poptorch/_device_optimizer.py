@@ -222,6 +222,10 @@ class DeviceOptimizer:
     def _load(self, optimizer: torch.optim.Optimizer) -> None:
         """Copies the host optimiser's state to the device, then makes the
         host state alias it."""
+        # The initial state first: the copies are then uploads, not nodes of
+        # its graph, which stays the same whatever was loaded (a precompiled
+        # model finds its executable).
+        _C.synchronize()
         with torch.no_grad():
             for index, (host, device_state) in enumerate(self._host_parameters(optimizer)):
                 saved = optimizer.state.get(host)

@@ -10,6 +10,7 @@ micro-batches without running the Python model again.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
@@ -22,6 +23,7 @@ from . import _buffers
 from . import _compile_hooks
 from . import _inputs
 from . import _precision
+from . import _precompilation
 from . import _wrapped_model
 from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
@@ -32,7 +34,7 @@ from ._logging import logger
 from ._printing import module_repr
 from ._step_capture import StepCapture
 from ._wrapper_state import WrapperState
-from .options import Options, OutputMode, ReductionType
+from .options import ConnectionType, Options, OutputMode, ReductionType
 
 _DEVICE = torch.device("ipu:0")
 
@@ -71,6 +73,8 @@ class PoplarExecutor(WrapperState):
 
     def __init__(self, model: torch.nn.Module, options: Optional[Options], training: bool,
                  optimizer: Optional[torch.optim.Optimizer] = None) -> None:
+        if isinstance(model, PoplarExecutor):
+            model = model.model  # PopTorch's way to wrap one model twice
         if not isinstance(model, torch.nn.Module):
             raise Error(f"expected a torch.nn.Module to wrap, got {type(model).__name__}")
         self._model = model
@@ -99,6 +103,9 @@ class PoplarExecutor(WrapperState):
         self._rng = torch.Generator()
         self._rng.manual_seed(seed if seed is not None else torch.initial_seed())
         self._anchored: Dict[str, torch.Tensor] = {}  # of the last call (anchorTensor)
+        # The executables this model's captures used (and those loaded from a
+        # file): what compileAndExport writes.
+        self._executables = _C.ExecutableSet()
         if training:
             _wrapped_model.wrap(model, self)  # model.destroy(), as in PopTorch
 
@@ -109,6 +116,11 @@ class PoplarExecutor(WrapperState):
         """Runs the step on every micro-batch of the inputs (compiling it first
         on the first call) and returns the outputs per the output mode."""
         self._check_usable()
+        if self._options.connection_type == ConnectionType.Never:
+            raise Error("the model is compiled for an offline IPU (Options.useOfflineIpuTarget, "
+                        "or connectionType(ConnectionType.Never)), so it cannot run: compile it "
+                        "with compile() or compileAndExport(), and run the exported file where "
+                        "it is loaded with poptorch.load()")
         leaves, spec = self._flatten(args, kwargs)
         if not self._compiled:
             self._compile(leaves, spec)
@@ -127,6 +139,48 @@ class PoplarExecutor(WrapperState):
             raise Error("the model is already compiled")
         leaves, spec = self._flatten(args, kwargs)
         self._compile(leaves, spec)
+
+    @_locked
+    def compileAndExport(self, filename: str, *args: Any, export_model: bool = True,
+                         **kwargs: Any) -> None:
+        """Compiles the step for inputs like ``args`` and ``kwargs`` (unless
+        it is compiled already) and writes it to ``filename`` (see :meth:`save`)."""
+        self._check_usable()
+        if self._compiled:
+            logger.warning("compileAndExport: the model is compiled already; exporting it as "
+                           "it is")
+        else:
+            leaves, spec = self._flatten(args, kwargs)
+            self._compile(leaves, spec)
+        self.save(filename, export_model)
+
+    @_locked
+    def save(self, filename: str, export_model: bool = True, save_rng_state: bool = True) -> None:
+        """Writes the compiled model to ``filename``: its executables, the
+        options and the inputs it was compiled for, and, with ``export_model``,
+        the model (which must be picklable) with its weights and the optimiser
+        with its state, so that :func:`poptorch.load` restores everything and
+        training goes on from there. Without ``export_model``, wrap the model
+        again and call :meth:`loadExecutable`. ``save_rng_state`` saves the
+        state of the random generator too. Loading compiles nothing."""
+        self._check_usable()
+        if not self._compiled:
+            raise Error("save: the model is not compiled yet: call it, compile() or "
+                        "compileAndExport() first")
+        _precompilation.write(os.fspath(filename), _precompilation.payload(
+            self, export_model, save_rng_state))
+
+    @_locked
+    def loadExecutable(self, filename: str) -> None:
+        """Compiles this model with the executables of ``filename`` (written
+        by :meth:`compileAndExport` or :meth:`save`, maybe without the model):
+        nothing is compiled. The model's own weights are used."""
+        self._check_usable()
+        if self._compiled:
+            raise Error("loadExecutable: the model is compiled already: wrap the model again "
+                        "to load an executable into it")
+        filename = os.fspath(filename)
+        self._load(filename, _precompilation.read(filename))
 
     def isCompiled(self) -> bool:
         """True once the step is compiled (by the first call or ``compile``)."""
@@ -180,9 +234,7 @@ class PoplarExecutor(WrapperState):
             raise Error("attachToDevice: the model is not compiled yet")
         if self._attached:
             raise Error("attachToDevice: the model is already attached")
-        examples = [torch.zeros(s, dtype=d) if s is not None else v
-                    for (s, d, v) in self._input_specs]
-        self._capture(examples, self._spec, progress=None)
+        self._capture(progress=None)
 
     @_locked
     def destroy(self) -> None:
@@ -254,28 +306,58 @@ class PoplarExecutor(WrapperState):
     def _compile(self, leaves: List[Any], spec: Any) -> None:
         n = self._micro_batches
         specs = []
+        examples = []  # the micro-batch the step is captured from (again)
         for index, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
                 # A 0-dim tensor has no batch: every micro-batch sees it whole.
                 if leaf.dim() > 0 and leaf.shape[0] % n != 0:
                     raise Error(self._batch_message(index, leaf))
                 specs.append((tuple(leaf.shape), leaf.dtype, None))
+                micro = leaf if leaf.dim() == 0 else leaf[: leaf.shape[0] // n]
+                examples.append(micro.detach().to("cpu", copy=True))
             else:
                 specs.append((None, None, leaf))
+                examples.append(leaf)
         if self._options.output_mode == OutputMode.EveryN and (
                 self._options.device_iterations % self._options.output_return_period):
             raise Error("OutputMode.EveryN: deviceIterations "
                         f"({self._options.device_iterations}) must be a multiple of the "
                         f"output return period ({self._options.output_return_period})")
-        self._input_specs, self._spec = specs, spec
+        self._input_specs, self._spec, self._examples = specs, spec, examples
+        # Random ops follow the generator's state when the model is compiled.
+        self._capture_seed = int(torch.randint(0, 2**62, (1,)))
         progress = _Progress() if self._options.show_compilation_progress_bar else None
         try:
             with _compile_hooks.compile_hooks():
-                self._capture(leaves, spec, progress)
+                self._capture(progress)
         finally:
             if progress:
                 progress.close()
         self._compiled = True
+
+    def _load(self, filename: str, saved: Dict[str, Any]) -> None:
+        """Compiles the model from a file's payload: its step is captured from
+        the saved inputs and finds its executables in the file."""
+        if saved["training"] != self._training:
+            kinds = {True: "trainingModel", False: "inferenceModel"}
+            raise Error(f"{filename} holds a {kinds[saved['training']]}; this is a "
+                        f"{kinds[self._training]}")
+        _precompilation.add_executables(self._executables, filename, saved)
+        self._spec, self._examples, self._input_objects = _precompilation.inputs(saved)
+        self._capture_seed = saved["capture_seed"]
+        # Host batches hold a micro-batch per device iteration (and so on) of
+        # the options here, which may differ from the exporting process's.
+        n = self._micro_batches
+        self._input_specs = [
+            ((leaf.shape[0] * n, *leaf.shape[1:]) if leaf.dim() > 0 else (), leaf.dtype, None)
+            if isinstance(leaf, torch.Tensor) else (None, None, leaf) for leaf in self._examples]
+        compiled = _C.metrics()["graphs_compiled"]
+        self._capture(progress=None)
+        self._compiled = True
+        compiled = _C.metrics()["graphs_compiled"] - compiled
+        if compiled:
+            logger.info("loadExecutable: %d graphs were compiled: %s holds the executables of "
+                        "another model, or of other options", compiled, filename)
 
     def _batch_message(self, index: int, leaf: torch.Tensor) -> str:
         o = self._options
@@ -287,10 +369,19 @@ class PoplarExecutor(WrapperState):
                 f" = {n} micro-batches. Use poptorch.DataLoader(options, ...), which makes "
                 f"batches of batch_size x {n}.")
 
-    def _capture(self, leaves: List[Any], spec: Any, progress: Optional[_Progress]) -> None:
-        """Captures and compiles the micro-step (and update) programs."""
+    def _lookup_scope(self) -> Any:
+        """While active, graphs find executables among this model's (and record
+        those they use there) and in the model's disk cache."""
+        return _C.LookupScope(self._executables, self._options.executable_cache_dir or "")
+
+    def _capture(self, progress: Optional[_Progress]) -> None:
+        """Captures and compiles the micro-step (and update) programs from the
+        example micro-batch."""
+        with self._lookup_scope():
+            self._capture_programs(progress)
+
+    def _capture_programs(self, progress: Optional[_Progress]) -> None:
         _C.synchronize()
-        n = self._micro_batches
         _precision.keep_running_statistics_float(self._options.Precision, self._model)
         self._state = DeviceState(self._model, id(self), _DEVICE)
         device_params = {id(host): self._state.tensors[name]
@@ -302,9 +393,9 @@ class PoplarExecutor(WrapperState):
                 automatic_loss_scaling=self._options.Training.automatic_loss_scaling)
         device_inputs = []
         device_leaves = []
-        for leaf in leaves:
+        for leaf in self._examples:
             if isinstance(leaf, torch.Tensor):
-                micro = (leaf if leaf.dim() == 0 else leaf[: leaf.shape[0] // n]).to(_DEVICE)
+                micro = leaf.to(_DEVICE)
                 device_inputs.append(micro)
                 device_leaves.append(micro)
             else:
@@ -316,12 +407,12 @@ class PoplarExecutor(WrapperState):
         # With one micro-batch per iteration, the update applies the gradients
         # directly in the same program; otherwise they are accumulated first.
         accumulate = self._training and self._micro_batches_per_iteration > 1
-        args, kwargs = _inputs.unflatten(device_leaves, spec, self._input_objects)
+        args, kwargs = _inputs.unflatten(device_leaves, self._spec, self._input_objects)
         anchors = (Anchors(self._options, self._model, self._state, self._training,
                            not accumulate) if self._options.anchored_tensors else None)
         step = StepCapture(self._model, self._state, self._training, self._device_optimizer,
                            accumulate, device_inputs, args, kwargs, self._options.Precision,
-                           anchors)
+                           anchors, self._capture_seed)
         self._step = step
         self._micro_step = _C.StepVariants(step.micro_step(), step.recapture)
         if progress:
@@ -385,11 +476,12 @@ class PoplarExecutor(WrapperState):
         gathers = [] if step.anchors is None else [  # anchored tensors have modes of their own
             (native[m], period) for m, period in step.anchors.gathers(
                 (mode, o.output_return_period), len(step.device_outputs))]
-        results = iter(_C.run_steps(self._micro_step, self._update, step.device_inputs,
-                                    host_inputs, step.device_outputs, o.device_iterations,
-                                    self._accumulation, o.replication_factor, native[mode],
-                                    o.output_return_period, seed, gathers,
-                                    self._replica_buffers))
+        with self._lookup_scope():  # a failed guard captures the step again
+            results = iter(_C.run_steps(self._micro_step, self._update, step.device_inputs,
+                                        host_inputs, step.device_outputs, o.device_iterations,
+                                        self._accumulation, o.replication_factor, native[mode],
+                                        o.output_return_period, seed, gathers,
+                                        self._replica_buffers))
         self._write_back(self._given, host_inputs)
         if self._training:
             # The optimiser stepped, on the device: an LR scheduler stepped

@@ -62,9 +62,14 @@ class StepCapture:
                  optimizer: Optional[DeviceOptimizer], accumulate: bool,
                  device_inputs: List[torch.Tensor], args: Tuple[Any, ...],
                  kwargs: Dict[str, Any], precision: Any,
-                 anchors: Optional[Anchors] = None) -> None:
+                 anchors: Optional[Anchors] = None, seed: int = 0) -> None:
         self.model = model
         self.precision = precision  # Options.Precision: the casts of the forward
+        # Random ops draw their seeds from the default generator seeded with
+        # this while captured, so that capturing again (after
+        # detachFromDevice, or in a process that loads the model) gives them
+        # the same seeds, and the same random numbers for the same rng_state.
+        self.seed = seed
         self.training = training
         self.optimizer = optimizer
         self.anchors = anchors  # Options.anchorTensor: more outputs of the step
@@ -91,7 +96,8 @@ class StepCapture:
         recorder = LossRecorder(self.model)
         # Tensors made in forward without a device are constants of the step
         # on the IPU, as in PopTorch (random ones are drawn there on every run).
-        with _whole_step_capture(), recorder, RunningOnIpu(), self._state.device:
+        with self._seeded(), _whole_step_capture(), recorder, RunningOnIpu(), \
+                self._state.device:
             with torch.enable_grad() if self.training else torch.no_grad(), \
                     _precision.forward_casting(self.precision, self.model), \
                     _buffers.kept_in_forward(self.model, self._state.tensors):
@@ -107,9 +113,15 @@ class StepCapture:
 
     def update(self, scale: float) -> Any:
         """Captures the optimiser update from the accumulators; returns its program."""
-        with _whole_step_capture():
+        with self._seeded(), _whole_step_capture():
             self.optimizer.capture_update(self.accumulators, scale, accumulated=True)
             return _C.prepare_program()
+
+    @contextlib.contextmanager
+    def _seeded(self) -> Iterator[None]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            yield
 
     def recapture(self, site: str, reason: str) -> Any:
         """Called by the runtime when no variant's guards hold for a micro-batch."""

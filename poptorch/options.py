@@ -56,14 +56,10 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "useIpuModel": (_only(True), "there is no IPU hardware, the IPU Model is always used"),
     "autoRoundNumIPUs": (_only(False), "the emulator does not allocate IPUs"),
     "useIpuId": (_never, "there is a single emulated IPU"),
-    "useOfflineIpuTarget": (_never, "the emulated IPU Model is always attached: models "
-                            "compiled for an offline target run too"),
-    "connectionType": (_only(ConnectionType.Always), "the emulated IPU is always attached"),
+    "connectionType": (_only(ConnectionType.Always, ConnectionType.Never),
+                       "the emulated IPU is always attached"),
     "syncPattern": (_only(SyncPattern.Full), "there are no IPUs to synchronise"),
     "enableSyntheticData": (_only(False), "inputs always come from the host"),
-    "enableExecutableCaching": (
-        _only(None), "executables are cached in memory, by structure, for the life of the "
-        "process (compiling one takes milliseconds here); nothing is written to disk"),
     "enableProfiling": (_never, "no PopVision reports are produced"),
     "logDir": (_never, "the emulator writes no report files"),
     "logCycleCount": (_only(False), "the emulator counts no IPU cycles"),
@@ -645,10 +641,12 @@ class Options(_Settings):
                          _bool("showCompilationProgressBar", show))
 
     def enableExecutableCaching(self, path: Optional[Union[str, os.PathLike[str]]]) -> Options:
-        """Caches compiled executables in ``path`` (None: off)."""
-        return self._set_not_honoured(
-            "enableExecutableCaching", "executable_cache_dir",
-            None if path is None else _str("enableExecutableCaching", path))
+        """Caches the model's compiled executables in the directory ``path``
+        (None: off), so that another process compiles nothing this one
+        compiled. The default is ``POPTORCH_CACHE_DIR``. Old entries are never
+        deleted: delete the directory when it grows too large."""
+        return self._set("executable_cache_dir",
+                         None if path is None else _str("enableExecutableCaching", path))
 
     def sourceLocationExcludes(self, excludes: List[str]) -> Options:
         """Replaces the path fragments of the frames skipped when PopTorch names
@@ -675,13 +673,16 @@ class Options(_Settings):
 
     def useOfflineIpuTarget(self, ipu_version: int = 2) -> Options:
         """Compile for an IPU of ``ipu_version`` (1, 2 or 21) that is not
-        attached (``ConnectionType.Never``)."""
+        attached (``ConnectionType.Never``): the model can be compiled and
+        exported (``compileAndExport``) but not run; ``poptorch.load`` runs the
+        exported file. The emulator's executables are the same for every
+        version."""
         version = _int("useOfflineIpuTarget", ipu_version, 1, "the IPU version")
         if version not in (1, 2, 21):
             raise Error(f"useOfflineIpuTarget({version}) is invalid: the IPU version is 1, 2 "
                         "or 21")
         self._set("connection_type", ConnectionType.Never)
-        return self._set_not_honoured("useOfflineIpuTarget", "ipu_version", version)
+        return self._set("ipu_version", version)
 
     def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> Options:
         """Round the number of IPUs a model uses up to a power of 2."""
@@ -693,7 +694,8 @@ class Options(_Settings):
         return self._set_not_honoured("setExecutionStrategy", "execution_strategy", strategy)
 
     def connectionType(self, connection_type: ConnectionType) -> Options:
-        """When to attach to the IPU: ``Always``, ``OnDemand`` or ``Never``."""
+        """When to attach to the IPU: ``Always``, ``OnDemand`` or ``Never`` (the
+        model is compiled, never run: see :meth:`useOfflineIpuTarget`)."""
         return self._set_not_honoured("connectionType", "connection_type", _enum(
             "connectionType", ConnectionType, connection_type))
 

@@ -332,8 +332,8 @@ def messages(log):
     (lambda o: o.useIpuModel(False), ("use_ipu_model", False), "useIpuModel(False)"),
     (lambda o: o.autoRoundNumIPUs(True), ("auto_round_num_ipus", True), "autoRoundNumIPUs(True)"),
     (lambda o: o.useIpuId(3), ("ipu_id", 3), "useIpuId(3)"),
-    (lambda o: o.connectionType(ConnectionType.Never), ("connection_type", ConnectionType.Never),
-     "connectionType(ConnectionType.Never)"),
+    (lambda o: o.connectionType(ConnectionType.OnDemand),
+     ("connection_type", ConnectionType.OnDemand), "connectionType(ConnectionType.OnDemand)"),
     (lambda o: o.syncPattern(SyncPattern.ReplicaAndLadder),
      ("sync_pattern", SyncPattern.ReplicaAndLadder), "syncPattern(SyncPattern.ReplicaAndLadder)"),
     (lambda o: o.syncPattern(SyncPattern.SinglePipeline),
@@ -341,7 +341,6 @@ def messages(log):
     (lambda o: o.enableProfiling("reports"), ("profile_dir", "reports"), "enableProfiling"),
     (lambda o: o.logDir("logs"), ("log_dir", "logs"), "logDir('logs')"),
     (lambda o: o.enableSyntheticData(True), ("synthetic_data", True), "enableSyntheticData"),
-    (lambda o: o.useOfflineIpuTarget(), ("ipu_version", 2), "useOfflineIpuTarget(2)"),
     (lambda o: o._Popart.set("autoRecomputation", 3),
      ("_Popart.options", {"autoRecomputation": 3}), "_Popart.set('autoRecomputation', 3)"),
     (lambda o: o.enableStableNorm(False), ("stable_norm", False), "enableStableNorm(False)"),
@@ -373,8 +372,6 @@ def messages(log):
      ("TensorLocations.activation_location", TensorLocationSettings().toDict()),
      "TensorLocations.setActivationLocation"),
     (lambda o: o.Jit.traceModel(True), ("Jit.trace_model", True), "Jit.traceModel(True)"),
-    (lambda o: o.enableExecutableCaching("/tmp/cache"), ("executable_cache_dir", "/tmp/cache"),
-     "enableExecutableCaching('/tmp/cache')"),
     (lambda o: o.Distributed.configureProcessId(1, 2), ("Distributed.num_processes", 2),
      "Distributed.configureProcessId(1, 2)"),
 ])
@@ -414,6 +411,9 @@ def test_an_ignored_option_is_stored_and_logged_once(log, call, stored, logged):
     lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy(
         MeanReductionStrategy.Post),
     lambda o: o.Precision.enableFloatingPointExceptions(False),
+    lambda o: o.useOfflineIpuTarget(21),
+    lambda o: o.connectionType(ConnectionType.Never),
+    lambda o: o.enableExecutableCaching("/tmp/cache"),
 ])
 def test_what_the_emulator_does_is_not_logged(log, call):
     call(Options())

@@ -1,7 +1,6 @@
 #include "capture/pending_graph.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "capture/step_capture.h"
@@ -9,19 +8,14 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/source_location.h"
-#include "compiler/executable.h"
+#include "compiler/executable_lookup.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
-#include "ir/hash.h"
 #include "runtime/executor.h"
 #include "runtime/worker.h"
 
 namespace poptorch::capture {
 namespace {
-
-double secondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // A materialised ipu storage of `nbytes` on `device`, with a copy of `from`'s
 // bytes if given.
@@ -165,7 +159,7 @@ std::unique_ptr<runtime::Program> PendingGraph::prepare(bool allow_empty) {
         storages[b] = std::move(storage);
       }
     }
-    std::shared_ptr<const compiler::Executable> exe = executableFor(graph);
+    std::shared_ptr<const compiler::Executable> exe = compiler::executableFor(graph);
     return std::make_unique<runtime::Program>(std::move(exe), std::move(graph),
                                               std::move(storages));
   } catch (...) {
@@ -185,23 +179,6 @@ std::unique_ptr<runtime::Program> PendingGraph::prepare(bool allow_empty) {
     }
     throw;
   }
-}
-
-std::shared_ptr<const compiler::Executable> PendingGraph::executableFor(const ir::Graph& graph) {
-  const uint64_t key = ir::structuralHash(graph);
-  auto& cache = compiler::ExecutableCache::get();
-  std::shared_ptr<const compiler::Executable> exe = cache.find(key);
-  if (exe) {
-    Metrics::get().cacheHit();
-    return exe;
-  }
-  const auto start = std::chrono::steady_clock::now();
-  POPTORCH_LOG(kDebug) << "compiling a graph of " << graph.nodes.size()
-                       << " nodes: no executable with its structure is cached";
-  exe = compiler::compile(graph, key);
-  cache.insert(exe);
-  Metrics::get().graphCompiled(secondsSince(start));
-  return exe;
 }
 
 std::vector<at::Tensor> PendingGraph::evaluate(const std::vector<at::Tensor>& tensors) {
@@ -233,7 +210,7 @@ std::vector<at::Tensor> PendingGraph::evaluate(const std::vector<at::Tensor>& te
         storages[b] = scratchStorage(info.nbytes, info.device, before ? &before : nullptr);
       }
     }
-    std::shared_ptr<const compiler::Executable> exe = executableFor(graph);
+    std::shared_ptr<const compiler::Executable> exe = compiler::executableFor(graph);
     const HostReadEvaluation evaluation;
     runtime::Program(std::move(exe), std::move(graph), storages).run();
   }

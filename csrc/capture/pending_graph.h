@@ -82,8 +82,6 @@ class PendingGraph {
     std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> weak;
   };
   ir::BufferId addBuffer(const at::Tensor& tensor, bool existed_before);
-  // The executable for `graph`: from the cache, or compiled now.
-  static std::shared_ptr<const compiler::Executable> executableFor(const ir::Graph& graph);
 
   std::mutex mutex_;
   ir::Graph graph_;

@@ -29,6 +29,7 @@ MetricsSnapshot Metrics::snapshot() const {
   s.graphs_compiled = graphs_compiled_.load();
   s.cache_hits = cache_hits_.load();
   s.cache_evictions = cache_evictions_.load();
+  s.executables_loaded = executables_loaded_.load();
   s.executions = executions_.load();
   s.host_fallbacks = host_fallbacks_.load();
   s.guard_failures = guard_failures_.load();
@@ -46,6 +47,7 @@ void Metrics::reset() {
   graphs_compiled_ = 0;
   cache_hits_ = 0;
   cache_evictions_ = 0;
+  executables_loaded_ = 0;
   executions_ = 0;
   host_fallbacks_ = 0;
   guard_failures_ = 0;

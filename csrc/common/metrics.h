@@ -15,6 +15,7 @@ struct MetricsSnapshot {
   int64_t graphs_compiled = 0;
   int64_t cache_hits = 0;
   int64_t cache_evictions = 0;
+  int64_t executables_loaded = 0;
   int64_t executions = 0;
   int64_t host_fallbacks = 0;
   int64_t guard_failures = 0;
@@ -33,6 +34,8 @@ class Metrics {
   void graphCompiled(double seconds);
   void cacheHit() { cache_hits_.fetch_add(1, std::memory_order_relaxed); }
   void cacheEviction() { cache_evictions_.fetch_add(1, std::memory_order_relaxed); }
+  // An executable read from the disk cache or a precompiled file instead of compiled.
+  void executableLoaded() { executables_loaded_.fetch_add(1, std::memory_order_relaxed); }
   void executed(double seconds);
   // Returns true the first time `op` falls back, so callers can log it once.
   bool hostFallback(const std::string& op);
@@ -48,6 +51,7 @@ class Metrics {
   std::atomic<int64_t> graphs_compiled_{0};
   std::atomic<int64_t> cache_hits_{0};
   std::atomic<int64_t> cache_evictions_{0};
+  std::atomic<int64_t> executables_loaded_{0};
   std::atomic<int64_t> executions_{0};
   std::atomic<int64_t> host_fallbacks_{0};
   std::atomic<int64_t> guard_failures_{0};

@@ -13,6 +13,7 @@
 #include "common/metrics.h"
 #include "common/source_location.h"
 #include "compiler/executable.h"
+#include "compiler/executable_lookup.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
 #include "runtime/executor.h"
@@ -33,6 +34,7 @@ py::dict metricsDict() {
   d["graphs_compiled"] = s.graphs_compiled;
   d["cache_hits"] = s.cache_hits;
   d["cache_evictions"] = s.cache_evictions;
+  d["executables_loaded"] = s.executables_loaded;
   d["executions"] = s.executions;
   d["host_fallbacks"] = s.host_fallbacks;
   d["guard_failures"] = s.guard_failures;
@@ -151,6 +153,23 @@ bool metaErrorMustPropagate(const std::exception& error) {
   return false;
 }
 
+// `with _C.LookupScope(set, directory):` — see compiler::LookupScope.
+class PyLookupScope {
+ public:
+  PyLookupScope(std::shared_ptr<compiler::ExecutableSet> set, std::optional<std::string> directory)
+      : set_(std::move(set)), directory_(std::move(directory)) {}
+  void enter() {
+    TORCH_CHECK(!scope_, "this LookupScope is active already");
+    scope_.emplace(set_, directory_);
+  }
+  void exit(const py::args&) { scope_.reset(); }
+
+ private:
+  std::shared_ptr<compiler::ExecutableSet> set_;
+  std::optional<std::string> directory_;
+  std::optional<compiler::LookupScope> scope_;
+};
+
 size_t pendingNodes() {
   auto lock = capture::PendingGraph::get().lock();
   return capture::PendingGraph::get().size();
@@ -222,6 +241,33 @@ PYBIND11_MODULE(_C, m) {
             return step.writes(tensor.storage().unsafeGetStorageImpl());
           },
           "True if a variant writes the storage of `tensor` in place.");
+  py::class_<compiler::ExecutableSet, std::shared_ptr<compiler::ExecutableSet>>(
+      m, "ExecutableSet",
+      "The executables of a wrapped model: loaded from a precompiled file, and used by its "
+      "captures (what compileAndExport writes).")
+      .def(py::init<>())
+      .def(
+          "add", [](compiler::ExecutableSet& set, const py::bytes& entry) { set.add(entry); },
+          "Adds an entry (bytes); raises if it is not an entry of this build.")
+      .def(
+          "entries",
+          [](const compiler::ExecutableSet& set) {
+            py::list entries;
+            for (const std::string& entry : set.entries()) entries.append(py::bytes(entry));
+            return entries;
+          },
+          "Every executable of the set, as entry bytes.")
+      .def("__len__", &compiler::ExecutableSet::size);
+  py::class_<PyLookupScope>(m, "LookupScope",
+                            "While active, this thread's graphs also find executables in `set` "
+                            "and record there those they use; `directory` replaces "
+                            "POPTORCH_CACHE_DIR ('' for no disk cache, None to keep it).")
+      .def(py::init<std::shared_ptr<compiler::ExecutableSet>, std::optional<std::string>>(),
+           py::arg("set"), py::arg("directory"))
+      .def("__enter__", &PyLookupScope::enter)
+      .def("__exit__", &PyLookupScope::exit);
+  m.def("build_identity", &compiler::buildIdentity,
+        "The executable format, torch's version and this build: what entries must match.");
   m.def("run_steps", &runSteps, py::arg("micro_step"), py::arg("update"),
         py::arg("device_inputs"), py::arg("host_inputs"), py::arg("device_outputs"),
         py::arg("iterations"), py::arg("accumulation"), py::arg("replicas"),

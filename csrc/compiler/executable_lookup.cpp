@@ -1,0 +1,168 @@
+#include "compiler/executable_lookup.h"
+
+#include <chrono>
+
+#include "common/logging.h"
+#include "common/metrics.h"
+#include "compiler/disk_cache.h"
+#include "ir/hash.h"
+
+namespace poptorch::compiler {
+namespace {
+
+thread_local const LookupScope* current_scope = nullptr;
+
+double secondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The structure of the graph being looked up, made once and only if needed.
+class LazyStructure {
+ public:
+  explicit LazyStructure(const ir::Graph& graph) : graph_(graph) {}
+
+  // Null when the graph has something no entry can hold (it is then never
+  // stored, and compiled in every process).
+  const std::string* get() {
+    if (!done_) {
+      done_ = true;
+      try {
+        structure_ = structureOf(graph_);
+      } catch (const NotSerializable& reason) {
+        POPTORCH_LOG(kDebug) << "a graph that cannot be stored as an executable entry: "
+                             << reason.what();
+      }
+    }
+    return structure_ ? &*structure_ : nullptr;
+  }
+
+ private:
+  const ir::Graph& graph_;
+  bool done_ = false;
+  std::optional<std::string> structure_;
+};
+
+// The executable of an entry, if it was compiled from `graph`'s structure and
+// fits it.
+std::shared_ptr<const Executable> usable(const Entry& entry, uint64_t key,
+                                         const std::string& structure, const ir::Graph& graph) {
+  TORCH_CHECK(entry.executable->key == key && entry.structure == structure,
+              "it holds the executable of another graph");
+  checkFits(*entry.executable, graph);
+  return entry.executable;
+}
+
+std::shared_ptr<const Executable> fromDisk(const DiskCache& disk, uint64_t key,
+                                           const std::string& structure,
+                                           const ir::Graph& graph) {
+  std::optional<std::string> bytes = disk.read(key);
+  if (!bytes) return nullptr;
+  try {
+    return usable(decodeEntry(*bytes), key, structure, graph);
+  } catch (const std::exception& error) {
+    POPTORCH_LOG(kWarn) << "executable cache: " << disk.pathOf(key) << " is unusable ("
+                        << error.what() << "): compiling the graph again";
+    return nullptr;
+  }
+}
+
+}  // namespace
+
+void ExecutableSet::add(const std::string& bytes) {
+  Entry entry = decodeEntry(bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  entries_.push_back(std::move(entry));
+}
+
+std::vector<std::string> ExecutableSet::entries() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> bytes;
+  bytes.reserve(entries_.size());
+  for (const Entry& entry : entries_) bytes.push_back(encodeEntry(entry));
+  return bytes;
+}
+
+size_t ExecutableSet::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return entries_.size();
+}
+
+std::shared_ptr<const Executable> ExecutableSet::find(uint64_t key,
+                                                      const std::string& structure) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Entry& entry : entries_) {
+    if (entry.executable->key == key && entry.structure == structure) return entry.executable;
+  }
+  return nullptr;
+}
+
+void ExecutableSet::record(std::shared_ptr<const Executable> executable,
+                           const std::string& structure) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Entry& entry : entries_) {
+    if (entry.executable->key == executable->key && entry.structure == structure) return;
+  }
+  entries_.push_back({std::move(executable), structure});
+}
+
+LookupScope::LookupScope(std::shared_ptr<ExecutableSet> set, std::optional<std::string> directory)
+    : set_(std::move(set)), directory_(std::move(directory)), previous_(current_scope) {
+  current_scope = this;
+}
+
+LookupScope::~LookupScope() { current_scope = previous_; }
+
+const LookupScope* LookupScope::current() { return current_scope; }
+
+std::shared_ptr<const Executable> executableFor(const ir::Graph& graph) {
+  const uint64_t key = ir::structuralHash(graph);
+  const LookupScope* scope = LookupScope::current();
+  ExecutableSet* set = scope != nullptr ? scope->set() : nullptr;
+  const std::string& directory = scope != nullptr && scope->directory()
+                                     ? *scope->directory()
+                                     : DiskCache::defaultDirectory();
+  LazyStructure structure(graph);
+  auto& cache = ExecutableCache::get();
+  std::shared_ptr<const Executable> exe = cache.find(key);
+  if (exe) {
+    Metrics::get().cacheHit();
+  } else {
+    if (set != nullptr && structure.get() != nullptr) {
+      exe = set->find(key, *structure.get());
+      if (exe) {
+        try {
+          checkFits(*exe, graph);
+        } catch (const std::exception& error) {
+          POPTORCH_LOG(kWarn) << "a precompiled executable does not fit its graph ("
+                              << error.what() << "): compiling the graph again";
+          exe = nullptr;
+        }
+      }
+    }
+    const DiskCache disk(directory);
+    if (!exe && !directory.empty() && structure.get() != nullptr) {
+      exe = fromDisk(disk, key, *structure.get(), graph);
+    }
+    if (exe) {
+      Metrics::get().executableLoaded();
+    } else {
+      const auto start = std::chrono::steady_clock::now();
+      POPTORCH_LOG(kDebug) << "compiling a graph of " << graph.nodes.size()
+                           << " nodes: no executable with its structure is cached";
+      exe = compile(graph, key);
+      Metrics::get().graphCompiled(secondsSince(start));
+      if (!directory.empty() && structure.get() != nullptr) {
+        try {
+          disk.write(key, encodeEntry({exe, *structure.get()}));
+        } catch (const NotSerializable& reason) {
+          POPTORCH_LOG(kDebug) << "executable cache: not writing a graph: " << reason.what();
+        }
+      }
+    }
+    cache.insert(exe);
+  }
+  if (set != nullptr && structure.get() != nullptr) set->record(exe, *structure.get());
+  return exe;
+}
+
+}  // namespace poptorch::compiler

@@ -1,0 +1,2 @@
+"""The version of poptorch (setup.py reads it from here)."""
+__version__ = "0.1.0"
