@@ -128,9 +128,72 @@ def test_grad_scaler_trains_like_the_cpu_and_skips_steps_whose_gradients_overflo
     torch.testing.assert_close(ipu[0], cpu[0], atol=2e-3, rtol=2e-3)
     for name in cpu[2]:
         torch.testing.assert_close(ipu[2][name], cpu[2][name], atol=2e-3, rtol=2e-3)
-    if init_scale > 2.0**30:
-        assert ipu[1][0] == init_scale / 2  # the first step overflowed and was skipped
+    if init_scale > 2.0**16:  # the first steps overflowed: skipped, the scale halved
+        assert ipu[1][:4] == [init_scale / 2, init_scale / 4, init_scale / 8, init_scale / 16]
     assert ipu[0][-1] < ipu[0][0]
+
+
+def _unscaled_training(device, poisoned_step, steps=8):
+    """Adam with unscale_ and gradient clipping between backward and step, as
+    PyTorch's AMP recipe writes it; one batch holds an infinity."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4)).to(device)
+    optimiser = torch.optim.Adam(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**8, growth_interval=2)
+    x, y = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    record = []
+    for step in range(steps):
+        optimiser.zero_grad()
+        batch = x.clone()
+        if step == poisoned_step:
+            batch[0, 0] = float("inf")
+        with torch.autocast(device, dtype=torch.float16):
+            loss = F.cross_entropy(model(batch.to(device)), y.to(device))
+        scaled = scaler.scale(loss)
+        scaled.backward()
+        scaler.unscale_(optimiser)
+        grads = [p.grad.cpu().clone() for p in model.parameters()]
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimiser)
+        scaler.update()
+        record.append(dict(loss=loss.item(), scaled=scaled.item(), grads=grads,
+                           norm=norm.item(), scale=scaler.get_scale(),
+                           weights=[p.detach().cpu().clone() for p in model.parameters()]))
+    return record, scaler.state_dict()
+
+
+def test_grad_scaler_unscale_and_clipping_match_the_cpu_and_an_infinity_skips_its_step():
+    ipu, ipu_state = _unscaled_training("ipu", poisoned_step=3)
+    cpu, cpu_state = _unscaled_training("cpu", poisoned_step=3)
+    assert ipu_state == cpu_state
+    assert [r["scale"] for r in ipu] == [r["scale"] for r in cpu]
+    assert [r["scale"] for r in ipu][2:5] == [2.0**9, 2.0**8, 2.0**8]  # halved at the infinity
+    scales = [2.0**8] + [r["scale"] for r in ipu]  # the scale each step used
+    for step, (got, expected) in enumerate(zip(ipu, cpu)):
+        if step == 3:  # the unscaled gradients hold the infinity: the step is skipped
+            assert not all(torch.isfinite(g).all() for g in got["grads"])
+            for before, after in zip(ipu[2]["weights"], got["weights"]):
+                assert torch.equal(before, after)
+            continue
+        assert got["scaled"] == got["loss"] * scales[step]
+        torch.testing.assert_close(got["scaled"], expected["scaled"], atol=0, rtol=2e-4)
+        torch.testing.assert_close(got["norm"], expected["norm"], atol=0, rtol=2e-3)
+        for g, e in zip(got["grads"], expected["grads"]):  # unscaled: the CPU's gradients
+            torch.testing.assert_close(g, e, atol=2e-4, rtol=2e-3)
+        for w, e in zip(got["weights"], expected["weights"]):
+            torch.testing.assert_close(w, e, atol=5e-4, rtol=2e-3)
+
+
+def test_grad_scaler_refuses_float16_gradients_as_on_the_cpu():
+    """PyTorch's own check: float16 parameters cannot be unscaled."""
+    for device in ("cpu", "ipu"):
+        model = torch.nn.Linear(4, 2).half().to(device)
+        optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler(device)
+        scaler.scale(model(torch.randn(3, 4).half().to(device)).float().sum()).backward()
+        with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+            scaler.unscale_(optimiser)
 
 
 def test_float64_stays_refused_outside_the_grad_scaler():
