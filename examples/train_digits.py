@@ -1,7 +1,8 @@
 """The main job: the seed tutorial (shared/seeds/004) ported the PopTorch way —
 Options, poptorch.DataLoader, trainingModel with poptorch.optim.SGD, then
 inferenceModel for evaluation — on scikit-learn's handwritten digits.
-``--half`` trains in float16 (``model.half()``, float16 images) with loss scaling."""
+``--half`` trains in float16 (``model.half()``, float16 images) with loss scaling,
+a fixed one or, with ``--automatic-loss-scaling``, one that adapts from 1."""
 from __future__ import annotations
 
 import argparse
@@ -40,20 +41,24 @@ def main() -> None:
     parser.add_argument("--device-iterations", type=int, default=4)
     parser.add_argument("--half", action="store_true",
                         help="train in float16 with loss scaling (1024)")
+    parser.add_argument("--automatic-loss-scaling", action="store_true",
+                        help="with --half: let the loss scaling adapt, starting from 1")
     args = parser.parse_args()
     _, accuracy = train_and_evaluate(args.epochs, args.batch_size, args.device_iterations,
-                                     args.half)
+                                     args.half, args.automatic_loss_scaling)
     print(f"Eval accuracy: {accuracy:.2f}%")
 
 
 def train_and_evaluate(epochs: int, batch_size: int, device_iterations: int,
-                       half: bool = False) -> Tuple[List[float], float]:
+                       half: bool = False, automatic_loss_scaling: bool = False
+                       ) -> Tuple[List[float], float]:
     """Trains the model; returns the mean loss of each epoch and the eval accuracy (%)."""
     torch.manual_seed(0)
     train_dataset, test_dataset = digits_datasets()
 
     dtype = torch.float16 if half else torch.float32
     opts = poptorch.Options().deviceIterations(device_iterations).randomSeed(0)
+    opts.Training.setAutomaticLossScaling(automatic_loss_scaling)
     train_dataloader = poptorch.DataLoader(opts, train_dataset, batch_size=batch_size,
                                            shuffle=True, drop_last=True)
 
@@ -62,7 +67,8 @@ def train_and_evaluate(epochs: int, batch_size: int, device_iterations: int,
     model = ModelwithLoss(model, nn.CrossEntropyLoss())
     # Loss scaling keeps float16 gradients from underflowing; the update unscales them.
     optimizer = poptorch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9,
-                                   loss_scaling=1024.0 if half else 1.0)
+                                   loss_scaling=1024.0 if half and not automatic_loss_scaling
+                                   else 1.0)
     training_model = poptorch.trainingModel(model, options=opts, optimizer=optimizer)
 
     epoch_losses = []
