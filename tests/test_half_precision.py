@@ -4,6 +4,7 @@ Each case runs against a CPU reference: the float32 model (within float16
 tolerance) and, where the seeds state which precision an operation runs in,
 the same casts written out on the CPU (so a wrong precision shows).
 """
+import copy
 import sys
 from pathlib import Path
 
@@ -86,6 +87,98 @@ def test_half_upcast_to_float_follows_pytorch():
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+class Mixed(torch.nn.Module):
+    """The seeds' third way: float16 and float32 parameters side by side."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(8, 16).half()
+        self.fc2 = torch.nn.Linear(16, 4)
+        self.cpu_casts = None  # on the CPU: the casts of the rule, written out
+
+    def forward(self, x, y):
+        h = torch.relu(self.fc1(x))
+        if self.cpu_casts == torch.float16:
+            out = F.linear(h, self.fc2.weight.half(), self.fc2.bias.half())
+        elif self.cpu_casts == torch.float32:
+            out = self.fc2(h.float())
+        else:  # the ipu: the rule decides
+            out = self.fc2(h)
+        return out, F.cross_entropy(out.float(), y)
+
+
+@pytest.mark.parametrize("rule, computes_in", [
+    (poptorch.HalfFloatCastingBehavior.Default, torch.float16),
+    (poptorch.HalfFloatCastingBehavior.FloatDowncastToHalf, torch.float16),
+    (poptorch.HalfFloatCastingBehavior.HalfUpcastToFloat, torch.float32)])
+def test_mixed_float16_and_float32_parameters_train_with_the_casts_of_the_rule(rule,
+                                                                              computes_in):
+    """fc2's float32 weights meet fc1's float16 output: the rule's casts, written out on
+    the CPU, give the same losses and updates; each parameter keeps its dtype."""
+    model = Mixed()
+    reference = copy.deepcopy(model)
+    reference.cpu_casts = computes_in
+    opts = _opts()
+    opts.Precision.halfFloatCasting(rule)
+    training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.5))
+    optimiser = torch.optim.SGD(reference.parameters(), lr=0.5)
+    x, y = torch.randn(16, 8).half(), torch.randint(0, 4, (16,))
+    for _ in range(4):
+        out, loss = training(x, y)
+        optimiser.zero_grad()
+        expected_out, expected = reference(x, y)
+        expected.backward()
+        optimiser.step()
+        assert out.dtype == computes_in
+        # Tighter than the two rules' difference (their losses differ by ~4e-5).
+        torch.testing.assert_close(out, expected_out.detach(), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(loss, expected.detach(), atol=1e-6, rtol=1e-6)
+    training.destroy()
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, atol=1e-6, rtol=1e-6,
+                                   msg=name)
+
+
+@pytest.mark.parametrize("partials", [torch.float32, torch.float16])
+def test_matmul_and_convolution_partials_accumulate_in_float32_whatever_the_partials_type(
+        partials):
+    """setPartialsType is logged as not acted on (tests/test_options.py) because the
+    host accumulates float16 products in float32: 4096 ones sum to 4096 as on the CPU,
+    where float16 partials summed in order would stop at 2048."""
+    ones = torch.ones(4096, dtype=torch.float16)
+    in_order = torch.zeros((), dtype=torch.float16)
+    for value in ones[:2050]:
+        in_order += value
+    assert in_order == 2048  # what float16 accumulation loses
+
+    class Products(torch.nn.Module):
+        def forward(self, a, b, image, kernel):
+            return a @ b, F.conv2d(image, kernel)
+
+    opts = _opts()
+    opts.Precision.setPartialsType(partials)
+    image = ones.reshape(1, 256, 4, 4)
+    mm, conv = poptorch.inferenceModel(Products(), opts)(ones[None], ones[:, None], image,
+                                                        image)
+    assert mm.dtype == conv.dtype == torch.float16
+    assert mm.item() == conv.item() == 4096 == F.conv2d(image, image).item()
+
+
+def test_the_seeds_snippets_half_model_and_block_on_cpu_tensors():
+    """The seeds' inference_half example, and their autocast block run on CPU tensors
+    outside a model, where it casts nothing."""
+    model = torch.nn.Linear(1, 10).half()
+    t1 = torch.tensor([1.]).half()
+    out = poptorch.inferenceModel(model, _opts())(t1)
+    assert out.dtype == torch.half
+    torch.testing.assert_close(out, model(t1), atol=0, rtol=0)
+    x, y = torch.randn(1, 10, 10), torch.randn(1, 10, 10)
+    with poptorch.autocast():
+        z = torch.bmm(x, y)
+    assert z.dtype == torch.float32 and torch.equal(z, torch.bmm(x, y))
+
+
 def test_in_place_ops_keep_their_output_dtype():
     class Accumulate(torch.nn.Module):
         def forward(self, x):
@@ -139,6 +232,39 @@ def test_running_statistics_always_float_keeps_batch_norm_statistics_in_float32(
         torch.testing.assert_close(model.norm.running_var.float(),
                                    reference.norm.running_var, atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(losses, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_running_statistics_always_float_normalises_like_a_float32_norm_in_a_half_model():
+    """The CPU's own mixed kernel is the exact reference: a float16 model whose norm is
+    float32 (statistics, weight and bias) normalises float16 inputs and returns float16.
+    Without the option, the CPU's all-float16 model is."""
+    statistics = {}
+    for always_float in (False, True):
+        reference = Net().train().half()
+        if always_float:
+            reference.norm.float()
+        model = Net().train().half()
+        opts = _opts()
+        opts.Precision.runningStatisticsAlwaysFloat(always_float)
+        inference = poptorch.inferenceModel(model, opts)
+        for seed in range(3):  # train mode: each call updates the statistics
+            x = torch.randn(4, 2, 6, 6, generator=torch.Generator().manual_seed(seed)).half()
+            out = inference(x)
+            assert out.dtype == torch.float16
+            torch.testing.assert_close(out, reference(x).detach(), atol=1e-6, rtol=1e-6)
+        for name in ("running_mean", "running_var"):
+            assert getattr(model.norm, name).dtype == getattr(reference.norm, name).dtype
+            torch.testing.assert_close(getattr(model.norm, name), getattr(reference.norm, name),
+                                       atol=1e-6, rtol=1e-6)
+        statistics[always_float] = model.norm.running_var.detach().clone()
+        inference.destroy()
+        model.eval()
+        reference.eval()
+        x = _x().half()
+        torch.testing.assert_close(poptorch.inferenceModel(model, opts)(x),
+                                   reference(x).detach(), atol=1e-6, rtol=1e-6)
+    # float32 statistics are not float16 ones: the comparisons above tell them apart
+    assert (statistics[True] - statistics[False].float()).abs().max() > 1e-5
 
 
 def test_loss_scaling_keeps_float16_gradients_from_underflowing():
@@ -344,10 +470,13 @@ def test_bad_policies_and_arguments_are_clear_errors():
 
 
 @pytest.mark.slow
-def test_the_digits_example_trains_in_float16_with_loss_scaling_like_float32():
+@pytest.mark.parametrize("automatic", [False, True], ids=["loss_scaling", "automatic"])
+def test_the_digits_example_trains_in_float16_with_loss_scaling_like_float32(automatic):
+    """A fixed loss scaling (1024), or automatic loss scaling starting from 1."""
     from train_digits import train_and_evaluate  # examples/
     float_losses, float_accuracy = train_and_evaluate(2, 16, 4, half=False)
-    half_losses, half_accuracy = train_and_evaluate(2, 16, 4, half=True)
+    half_losses, half_accuracy = train_and_evaluate(2, 16, 4, half=True,
+                                                    automatic_loss_scaling=automatic)
     assert half_losses[-1] < 0.6 * half_losses[0] or half_losses[-1] < 0.5
     assert abs(half_losses[-1] - float_losses[-1]) < 0.1 + 0.15 * float_losses[-1]
     assert half_accuracy > float_accuracy - 5.0
@@ -452,20 +581,32 @@ class _Tiny(torch.nn.Module):
         return out, F.cross_entropy(out.float(), y) * self.loss_factor
 
 
-def _train_automatic(loss_factor, lr, loss_scaling, steps):
+def _train_automatic(loss_factor, lr, loss_scaling, steps, dtype=torch.float16,
+                     optimizer_class=poptorch.optim.SGD, cpu_optimizer_class=None):
+    """Trains _Tiny with automatic loss scaling; with ``cpu_optimizer_class``, a CPU
+    copy without loss scaling beside it, whose weights are returned too."""
     torch.manual_seed(0)
-    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
-    model = _Tiny(loss_factor).half()
-    optimizer = poptorch.optim.SGD(model.parameters(), lr=lr, loss_scaling=loss_scaling)
+    x, y = torch.randn(16, 8).to(dtype), torch.randint(0, 4, (16,))
+    model = _Tiny(loss_factor).to(dtype)
+    reference = copy.deepcopy(model)
+    optimizer = optimizer_class(model.parameters(), lr=lr, loss_scaling=loss_scaling)
+    cpu_optimizer = cpu_optimizer_class and cpu_optimizer_class(reference.parameters(), lr=lr)
     opts = _opts()
     opts.Training.setAutomaticLossScaling(True)
     training = poptorch.trainingModel(model, opts, optimizer)
-    losses, scales, weights = [], [], []
+    losses, scales, weights, cpu_weights = [], [], [], []
     for _ in range(steps):
-        losses.append(float(training(x.half(), y)[1]))
+        losses.append(float(training(x, y)[1]))
         scales.append(float(optimizer.state_dict()["ipu_param"]["loss_scaling"]))
         weights.append(model.fc.weight.detach().clone())
+        if cpu_optimizer:
+            cpu_optimizer.zero_grad()
+            reference(x, y)[1].backward()
+            cpu_optimizer.step()
+            cpu_weights.append(reference.fc.weight.detach().clone())
     training.destroy()
+    if cpu_optimizer:
+        return losses, scales, weights, cpu_weights
     return losses, scales, weights
 
 
@@ -488,3 +629,36 @@ def test_automatic_loss_scaling_skips_overflowing_steps_and_lowers_the_scale():
     assert max(scales[-10:]) <= 4 * min(scales[-10:])  # then it settles below overflow
     assert all(torch.isfinite(w).all() for w in weights)
     assert losses[-1] < losses[len(overflowed)]  # then it trains
+
+
+def test_automatic_loss_scaling_changes_nothing_when_nothing_overflows():
+    """float32 gradients scaled by 2^30 overflow nothing: the scale halves toward
+    float16's range (a power of two: unscaling is exact) and Adam trains as the
+    CPU's Adam without loss scaling."""
+    _, scales, weights, cpu_weights = _train_automatic(
+        1.0, 0.01, 2.0**30, steps=8, dtype=torch.float32,
+        optimizer_class=poptorch.optim.Adam, cpu_optimizer_class=torch.optim.Adam)
+    assert scales == [2.0**i for i in range(29, 21, -1)]
+    for got, expected in zip(weights, cpu_weights):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_automatic_loss_scaling_skipped_steps_leave_adam_state_unchanged():
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 8).half(), torch.randint(0, 4, (16,))
+    model = _Tiny(1.0).half()
+    optimizer = poptorch.optim.Adam(model.parameters(), lr=0.01, loss_scaling=2.0**30)
+    opts = _opts()
+    opts.Training.setAutomaticLossScaling(True)
+    training = poptorch.trainingModel(model, opts, optimizer)
+    start = model.fc.weight.detach().clone()
+    skipped = 0
+    for _ in range(20):
+        training(x, y)
+        state = optimizer.state_dict()["state"]
+        if torch.equal(model.fc.weight, start):  # skipped: Adam has not started, as in torch
+            skipped += 1
+            assert state == {}
+    training.destroy()
+    assert 0 < skipped < 20
+    assert float(state[0]["step"]) == 20 - skipped
