@@ -662,3 +662,50 @@ def test_automatic_loss_scaling_skipped_steps_leave_adam_state_unchanged():
     training.destroy()
     assert 0 < skipped < 20
     assert float(state[0]["step"]) == 20 - skipped
+
+
+def test_set_optimizer_sets_the_automatic_scale_again():
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    model = _Tiny(1.0)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, loss_scaling=2.0**30)
+    opts = _opts()
+    opts.Training.setAutomaticLossScaling(True)
+    training = poptorch.trainingModel(model, opts, optimizer)
+
+    def scale():
+        return float(optimizer.state_dict()["ipu_param"]["loss_scaling"])
+
+    training(x, y)
+    training(x, y)
+    assert scale() == 2.0**28
+    optimizer.loss_scaling = 2.0**10
+    training.setOptimizer(optimizer)
+    assert scale() == 2.0**10
+    training(x, y)
+    assert scale() == 2.0**11  # gradients far below float16's top: doubled
+    training.destroy()
+
+
+def test_automatic_loss_scaling_over_accumulated_and_replicated_gradients():
+    """The rule reads the gradients summed over micro-batches and replicas: float32
+    ones overflow nothing, so training equals the CPU's on the whole batch."""
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+    model = _Tiny(1.0)
+    reference = copy.deepcopy(model)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9,
+                                   loss_scaling=2.0**20)
+    opts = _opts().replicationFactor(2)
+    opts.Training.gradientAccumulation(2)
+    opts.Training.setAutomaticLossScaling(True)
+    training = poptorch.trainingModel(model, opts, optimizer)
+    cpu_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    scales = []
+    for _ in range(4):
+        training(x, y)
+        scales.append(float(optimizer.state_dict()["ipu_param"]["loss_scaling"]))
+        cpu_optimizer.zero_grad()
+        reference(x, y)[1].backward()
+        cpu_optimizer.step()
+        torch.testing.assert_close(model.fc.weight, reference.fc.weight, atol=1e-6, rtol=1e-6)
+    training.destroy()
+    assert scales == [2.0**19, 2.0**18, 2.0**17, 2.0**16]  # one update per call
