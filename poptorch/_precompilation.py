@@ -54,7 +54,13 @@ def write(filename: str, payload: Dict[str, Any]) -> None:
         logger.warning("%s is a directory: saving the model to %s", filename, target)
         filename = target
     buffer = io.BytesIO()
-    torch.save(payload, buffer)
+    try:
+        torch.save(payload, buffer)
+    except Exception as error:  # noqa: BLE001 - pickling the model may raise anything
+        raise Error(f"cannot write {filename}: the model, its optimiser or its inputs cannot be "
+                    f"pickled ({error}). Make them picklable (classes defined at a module's "
+                    "top level), or save with export_model=False and call loadExecutable() "
+                    "on a model wrapped again") from None
     data = buffer.getvalue()
     header = {"format": _FORMAT, **_identity(), "sha256": hashlib.sha256(data).hexdigest()}
     temporary = f"{filename}.{os.getpid()}.tmp"
@@ -79,7 +85,8 @@ def read(filename: str) -> Dict[str, Any]:
         raise Error(f"{not_ours}: {error}") from None
     header = outer.get("header") if isinstance(outer, dict) else None
     data = outer.get("payload") if isinstance(outer, dict) else None
-    if not isinstance(header, dict) or header.get("format") != _FORMAT or not isinstance(data, bytes):
+    if (not isinstance(header, dict) or header.get("format") != _FORMAT
+            or not isinstance(data, bytes)):
         raise Error(not_ours)
     ours = _identity()
     theirs = {key: header.get(key) for key in ours}
@@ -107,12 +114,18 @@ def payload(executor: Any, export_model: bool, save_rng_state: bool) -> Dict[str
     """What ``save`` writes of a compiled ``executor``."""
     _C.synchronize()  # the host weights and optimiser state alias the device's
     optimizer = executor._optimizer if export_model and executor._training else None
+    # Automatic loss scaling's current scale lives on the device; the state
+    # dict's load_state_dict does not restore it.
+    scale = None
+    if optimizer is not None and executor._device_optimizer.automatic_loss_scaling:
+        scale = float(executor._device_optimizer.loss_scaling)
     return {
         "training": executor._training,
         "model": executor._model if export_model else None,
         "options": executor._options,
         "optimizer": optimizer,
         "optimizer_state": optimizer.state_dict() if optimizer is not None else None,
+        "loss_scaling": scale,
         "inputs": {"spec": executor._spec, "examples": executor._examples,
                    "objects": executor._input_objects},
         "rng_state": executor.rng_state if save_rng_state else None,
@@ -168,6 +181,9 @@ def load(filename: str, edit_opts_fn: Optional[Callable[[Options], None]] = None
     else:
         executor = inferenceModel(saved["model"], options)
     executor._load(filename, saved)
+    if saved.get("loss_scaling") is not None:
+        with torch.no_grad():  # an upload: the captured graphs stay the same
+            executor._device_optimizer.loss_scaling.copy_(torch.tensor(saved["loss_scaling"]))
     if saved["rng_state"] is not None:
         executor.rng_state = saved["rng_state"]
     return executor
