@@ -19,6 +19,7 @@ from ._combined_batches import CombinedBatchSampler, rebatched
 from ._data_accessor import AsynchronousDataAccessor
 from ._errors import Error
 from ._logging import logger
+from .distributed._sharding import ProcessShard
 from .enums import DataLoaderMode
 from .options import Options
 
@@ -58,7 +59,10 @@ class DataLoader(torch.utils.data.DataLoader):
     * ``pin_memory`` and ``pin_memory_device`` are accepted and do nothing:
       the emulated IPU's memory is host memory.
     * ``auto_distributed_partitioning`` gives each process of
-      ``options.Distributed`` a contiguous share of a map-style dataset.
+      ``options.Distributed`` its share of a map-style dataset: the shares are
+      disjoint and cover it; with ``shuffle`` every process draws the same
+      permutation per epoch (from ``options.randomSeed``, else 0) and takes its
+      share of it (see :class:`~poptorch.distributed._sharding.ProcessShard`).
     """
 
     def __init__(self, options: Options, dataset: torch.utils.data.Dataset,
@@ -100,7 +104,11 @@ class DataLoader(torch.utils.data.DataLoader):
                 raise Error("auto_distributed_partitioning cannot split a dataset read through "
                             "your sampler: pass auto_distributed_partitioning=False and a "
                             "sampler that yields only this process's samples")
-            dataset = _partition(dataset, distributed.process_id, distributed.num_processes)
+            # Every process draws the same permutation per epoch: one seed for all.
+            seed = options.random_seed if options.random_seed is not None else 0
+            kwargs["sampler"] = ProcessShard(dataset, distributed.process_id,
+                                             distributed.num_processes, shuffle, seed)
+            shuffle = False
         if iterable and num_workers > 1 and kwargs.get("worker_init_fn") is None:
             logger.warning("DataLoader: an IterableDataset read by %d workers without a "
                            "worker_init_fn: unless the dataset splits itself by "
@@ -233,19 +241,3 @@ def _samples(loader: DataLoader) -> Optional[int]:
     if loader.batch_sampler is not None and loader.batch_size is None:
         return None  # a user's batch_sampler: its batches decide
     return len(loader.sampler)  # type: ignore[arg-type]
-
-
-def _partition(dataset: torch.utils.data.Dataset, process_id: int,
-               num_processes: int) -> torch.utils.data.Dataset:
-    """This process's contiguous share of a map-style dataset; all shares are equal."""
-    if isinstance(dataset, torch.utils.data.IterableDataset):
-        raise Error("auto_distributed_partitioning cannot split an IterableDataset: pass "
-                    "auto_distributed_partitioning=False and yield only this process's samples "
-                    "(options.Distributed.process_id of options.Distributed.num_processes)")
-    total = len(dataset)  # type: ignore[arg-type]
-    share = total // num_processes
-    if total % num_processes:
-        logger.info("DataLoader: %d samples at the end of the dataset are unused so that each "
-                    "of the %d processes gets %d", total % num_processes, num_processes, share)
-    start = process_id * share
-    return torch.utils.data.Subset(dataset, range(start, start + share))

@@ -34,6 +34,7 @@ from ._logging import logger
 from ._printing import module_repr
 from ._step_capture import StepCapture
 from ._wrapper_state import WrapperState
+from .distributed._replication import ProcessReplicas
 from .options import ConnectionType, Options, OutputMode, ReductionType
 
 _DEVICE = torch.device("ipu:0")
@@ -94,6 +95,8 @@ class PoplarExecutor(WrapperState):
         self._micro_step: Optional[Any] = None
         self._replica_buffers: Optional[Any] = None  # broadcastBuffers(False)
         self._update: Optional[Any] = None
+        # With replicas in other processes: sums their gradients before each update.
+        self._before_update: Optional[Callable[[], None]] = None
         self._compiled = False
         self._attached = False
         self._destroyed = False
@@ -224,6 +227,7 @@ class PoplarExecutor(WrapperState):
         self._state.detach()
         self._device_optimizer = None
         self._micro_step = self._update = self._step = self._replica_buffers = None
+        self._before_update = None
         self._attached = False
 
     @_locked
@@ -384,6 +388,10 @@ class PoplarExecutor(WrapperState):
         _C.synchronize()
         _precision.keep_running_statistics_float(self._options.Precision, self._model)
         self._state = DeviceState(self._model, id(self), _DEVICE)
+        distributed = self._options.Distributed
+        processes = ProcessReplicas(distributed) if distributed.num_processes > 1 else None
+        if processes is not None:
+            processes.broadcast_from_first(self._state.tensors.values())
         device_params = {id(host): self._state.tensors[name]
                          for name, host in self._state.host.items()}
         if self._training:
@@ -404,9 +412,11 @@ class PoplarExecutor(WrapperState):
         if progress:
             progress.to(10)
 
-        # With one micro-batch per iteration, the update applies the gradients
-        # directly in the same program; otherwise they are accumulated first.
-        accumulate = self._training and self._micro_batches_per_iteration > 1
+        # With one micro-batch per iteration in one process, the update applies
+        # the gradients directly in the same program; otherwise they are
+        # accumulated first (and summed across processes before the update).
+        accumulate = self._training and (self._micro_batches_per_iteration > 1
+                                          or processes is not None)
         args, kwargs = _inputs.unflatten(device_leaves, self._spec, self._input_objects)
         anchors = (Anchors(self._options, self._model, self._state, self._training,
                            not accumulate) if self._options.anchored_tensors else None)
@@ -421,10 +431,14 @@ class PoplarExecutor(WrapperState):
             self._model, self._state.tensors, self._micro_step, self._options.replication_factor,
             self._options.broadcast_buffers)
         self._update = None
+        self._before_update = None
         if accumulate:
             reduction = self._options.Training.accumulation_and_replication_reduction_type
-            scale = 1.0 / self._micro_batches_per_iteration if reduction == ReductionType.Mean else 1.0
+            replicas = self._micro_batches_per_iteration * distributed.num_processes
+            scale = 1.0 / replicas if reduction == ReductionType.Mean else 1.0
             self._update = step.update(scale)
+            if processes is not None:
+                self._before_update = processes.gradient_reduction(step.accumulators.values())
         self._attached = True
         logger.debug("captured the %s step%s", "training" if self._training else "inference",
                      f" and its update ({self._update.num_nodes} nodes)" if self._update else "")
@@ -481,7 +495,7 @@ class PoplarExecutor(WrapperState):
                                         host_inputs, step.device_outputs, o.device_iterations,
                                         self._accumulation, o.replication_factor, native[mode],
                                         o.output_return_period, seed, gathers,
-                                        self._replica_buffers))
+                                        self._replica_buffers, self._before_update))
         self._write_back(self._given, host_inputs)
         if self._training:
             # The optimiser stepped, on the device: an LR scheduler stepped

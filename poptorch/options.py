@@ -88,9 +88,6 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "TensorLocations.numIOTiles": (_never, "the emulator has no tiles"),
     "Jit.traceModel": (_only(False), "models are captured at the dispatcher, not traced"),
     "_Popart.set": (_never, "there is no PopART: graphs are compiled by the emulator's passes"),
-    "Distributed.configureProcessId": (
-        lambda ids: ids[1] == 1, "each process runs its own emulated IPU: replicas in other "
-        "processes are not synchronised"),
 }
 
 
@@ -421,34 +418,70 @@ class _JitOptions(_Settings):
 
 
 class _DistributedOptions(_Settings):
-    """``opts.Distributed``: this process among several (defaults from ``OMPI_COMM_WORLD_*``)."""
+    """``opts.Distributed``: this process among several, each with its own
+    ``replicationFactor`` replicas (PopDist's model). The defaults come from
+    the environment: OpenMPI's ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE``,
+    else torchrun's ``RANK``/``WORLD_SIZE``."""
 
     _NAME = "Distributed"
     process_id = _Value(0, "The index of this process.")
     num_processes = _Value(1, "The number of processes.")
+    timeout = _Value(1800.0, "Seconds a collective waits for the other processes.")
 
     def __init__(self) -> None:
         super().__init__()
-        rank, size = os.environ.get("OMPI_COMM_WORLD_RANK"), os.environ.get("OMPI_COMM_WORLD_SIZE")
-        if rank is not None or size is not None:
-            try:
-                ids = int(rank or 0), int(size or 1)
-            except ValueError:
-                raise Error(f"OMPI_COMM_WORLD_RANK={rank!r} and OMPI_COMM_WORLD_SIZE={size!r} "
-                            "must be integers") from None
-            self.configureProcessId(*ids)
+        for size, rank in (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+                           ("WORLD_SIZE", "RANK")):
+            if size in os.environ or rank in os.environ:
+                self.setEnvVarNames(size, rank)
+                break
 
     def configureProcessId(self, process_id: int, num_processes: int) -> _DistributedOptions:
         """This process's index among ``num_processes``: the DataLoader gives it
-        its share of the dataset."""
+        its share of the dataset, and a trainingModel reduces its gradients with
+        those of the replicas of every process."""
         num = _int("Distributed.configureProcessId", num_processes, 1, "the number of processes")
         pid = _int("Distributed.configureProcessId", process_id, 0, "the process id")
         if pid >= num:
             raise Error(f"Distributed.configureProcessId({pid}, {num}): the process id must be "
                         f"less than the number of processes ({num})")
-        _log_if_not_honoured("Distributed.configureProcessId", (pid, num))
         self._set("num_processes", num)
         return self._set("process_id", pid)
+
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> _DistributedOptions:
+        """Reads the number of processes and this process's id from these
+        environment variables (1 and 0 when they are not set)."""
+        values = {}
+        for var, default in ((var_num_processes, "1"), (var_process_id, "0")):
+            text = os.environ.get(_str("Distributed.setEnvVarNames", var), default)
+            try:
+                values[var] = int(text)
+            except ValueError:
+                raise Error(f"the environment variable {var}={text!r} must be an "
+                            "integer") from None
+        return self.configureProcessId(values[var_process_id], values[var_num_processes])
+
+    def disable(self) -> _DistributedOptions:
+        """Runs as a single process, whatever the environment says."""
+        return self.configureProcessId(0, 1)
+
+    def setTimeout(self, seconds: float) -> _DistributedOptions:
+        """How long a collective (the weight broadcast, each gradient reduction)
+        waits for the other processes before failing with an error, when
+        poptorch creates the process group (otherwise the group's own timeout
+        applies). A process that dies is noticed sooner: its connections close."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise Error(f"Distributed.setTimeout takes a positive number of seconds, "
+                        f"got {_show(seconds)}")
+        return self._set("timeout", float(seconds))
+
+    def processId(self) -> int:
+        """The index of this process."""
+        return self.process_id
+
+    def numProcesses(self) -> int:
+        """The number of processes."""
+        return self.num_processes
 
 
 class _PopartOptions(_Settings):

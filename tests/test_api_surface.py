@@ -92,7 +92,6 @@ DATA = ["DataLoader.combinedBatchSize", "DataLoader.options", "DataLoader.termin
 
 ISSUE_11 = "issue 11 (multi-IPU: annotations and execution strategies)"
 ISSUE_12 = "issue 12 (PopTorch ops, precision, precompilation, profiling)"
-ISSUE_14 = "issue 14 (distributed execution)"
 EXPECTED_MISSING = {
     **{f"poptorch.{name}": ISSUE_11 for name in (
         "BeginBlock", "Block", "BlockFunction", "removeBlocks", "Stage", "Phase",
@@ -104,8 +103,6 @@ EXPECTED_MISSING = {
         "cycleCount", "compilationTime",
         "getPerfCounters", "getHostIpuLatency", "getComputeLatency", "getIpuHostLatency",
         "getLatency")},
-    **{f"Options.Distributed.{name}": ISSUE_14 for name in (
-        "disable", "setEnvVarNames", "processId", "numProcesses")},
 }
 
 
@@ -200,6 +197,7 @@ SIGNATURES = {
     "Options.Precision.runningStatisticsAlwaysFloat": "value",
     "Options.TensorLocations.numIOTiles": "num_tiles",
     "Options.Distributed.configureProcessId": "process_id num_processes",
+    "Options.Distributed.setEnvVarNames": "var_num_processes var_process_id",
     "PoplarExecutor.load_state_dict": "state_dict strict",
     "poptorch.ipu_print_tensor": "tensor title print_gradient summarise_threshold edge_items "
                                  "max_line_width digits float_format separator open_bracket "

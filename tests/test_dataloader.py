@@ -304,6 +304,29 @@ def test_distributed_partitioning_gives_each_process_its_own_share():
         DataLoader(options_with(0, 2), numbered(8), sampler=range(8))
 
 
+@pytest.mark.parametrize("seed", [None, 5])
+def test_distributed_shuffled_shares_are_disjoint_cover_and_change_per_epoch(seed):
+    """Each process draws the same permutation per epoch and takes its share:
+    one epoch's shares are disjoint and cover the dataset, and the next epoch
+    deals them differently."""
+    def loaders():
+        for p in range(3):
+            opts = options_with(p, 3)
+            if seed is not None:
+                opts.randomSeed(seed)
+            yield DataLoader(opts, numbered(42), batch_size=1, shuffle=True)
+
+    processes = list(loaders())
+    epochs = [[sum(indices(loader), []) for loader in processes] for _ in range(2)]
+    for shares in epochs:
+        assert [len(s) for s in shares] == [14, 14, 14]
+        assert sorted(sum(shares, [])) == list(range(42)), "the shares overlap or miss some"
+        assert sum(shares, []) != list(range(42)), "not shuffled"
+    assert epochs[0] != epochs[1], "every epoch dealt the same shares"
+    again = [sum(indices(loader), []) for loader in loaders()]
+    assert again == epochs[0], "another run of the processes dealt other shares"
+
+
 @pytest.mark.parametrize("mode, worker_size", [
     (DataLoaderMode.Async, None), (DataLoaderMode.AsyncRebatched, None),
     (DataLoaderMode.AsyncRebatched, 1), (DataLoaderMode.AsyncRebatched, 4),

@@ -42,3 +42,48 @@ def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
         optimizer.step()
     for name, value in model.state_dict().items():
         torch.testing.assert_close(weights0[name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_replicas_of_two_processes_train_as_one_process_with_all_replicas(tmp_path):
+    """Each process runs 2 replicas (x 2 accumulation steps x 2 iterations) on
+    its replicas' rows; weights and outputs equal one process with 4 replicas
+    fed the whole batches, for mean and sum reduction, and for inference."""
+    import poptorch
+    from dist_scripts import replicated_training as script
+    from poptorch.enums import ReductionType
+
+    result = torchrun("replicated_training.py", str(tmp_path / "out.pt"))
+    _check(result)
+    processes = torch.load(tmp_path / "out.pt", weights_only=False)
+    assert len(processes) == 2
+    replicas = script.REPLICAS * 2
+    close = dict(rtol=1e-4, atol=1e-6)
+    for reduction in (ReductionType.Mean, ReductionType.Sum):
+        torch.manual_seed(100)  # process 0's weights
+        model = script.Net()
+        opts = script.options(replicas, reduction)
+        opts.Distributed.disable()
+        training = poptorch.trainingModel(model, opts,
+                                          torch.optim.SGD(model.parameters(), lr=0.05))
+        data = torch.Generator().manual_seed(3)
+        for step in range(script.STEPS):
+            rows = script.ITERATIONS * script.ACCUMULATION * replicas * script.MICRO
+            x, y = torch.randn(rows, 5, generator=data), torch.randn(rows, 2, generator=data)
+            out, loss = training(x, y)
+            for rank, results in enumerate(processes):
+                got_out, got_loss = results[reduction.name][1][step]
+                torch.testing.assert_close(got_out, script.mine(out, rank, 2), **close)
+                torch.testing.assert_close(got_loss, script.mine(loss, rank, 2), **close)
+        for rank, results in enumerate(processes):
+            for name, value in model.state_dict().items():
+                torch.testing.assert_close(results[reduction.name][0][name], value, **close,
+                                           msg=f"{reduction.name} {name} rank {rank}")
+        training.destroy()
+    torch.manual_seed(100)
+    inference = poptorch.inferenceModel(script.Net(), poptorch.Options().replicationFactor(
+        replicas).deviceIterations(script.ITERATIONS))
+    x = torch.randn(script.ITERATIONS * replicas * script.MICRO, 5,
+                    generator=torch.Generator().manual_seed(4))
+    out = inference(x)
+    for rank, results in enumerate(processes):
+        torch.testing.assert_close(results["inference"], script.mine(out, rank, 2, 1), **close)

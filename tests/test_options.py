@@ -24,7 +24,8 @@ def log(caplog, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _no_environment_defaults(monkeypatch):
-    for name in ("POPTORCH_CACHE_DIR", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+    for name in ("POPTORCH_CACHE_DIR", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "RANK",
+                 "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -190,6 +191,32 @@ def test_distributed_defaults_from_mpi_environment(monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "four")
     with pytest.raises(Error, match="OMPI_COMM_WORLD_SIZE"):
         Options()
+
+
+def test_distributed_defaults_from_torchrun_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    distributed = Options().Distributed
+    assert (distributed.processId(), distributed.numProcesses()) == (1, 3)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")  # OpenMPI's come first
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    assert Options().Distributed.numProcesses() == 2
+    assert Options().Distributed.disable().numProcesses() == 1
+
+
+def test_distributed_env_var_names(monkeypatch):
+    monkeypatch.setenv("MY_SIZE", "4")
+    monkeypatch.setenv("MY_ID", "3")
+    distributed = Options().Distributed.setEnvVarNames("MY_SIZE", "MY_ID")
+    assert (distributed.processId(), distributed.numProcesses()) == (3, 4)
+    monkeypatch.setenv("MY_ID", "4")
+    with pytest.raises(Error, match="less than the number of processes"):
+        Options().Distributed.setEnvVarNames("MY_SIZE", "MY_ID")
+    monkeypatch.setenv("MY_ID", "x")
+    with pytest.raises(Error, match="MY_ID='x' must be an integer"):
+        Options().Distributed.setEnvVarNames("MY_SIZE", "MY_ID")
+    with pytest.raises(Error, match="positive number of seconds"):
+        Options().Distributed.setTimeout(0)
 
 
 def test_tensor_location_settings():
@@ -372,8 +399,6 @@ def messages(log):
      ("TensorLocations.activation_location", TensorLocationSettings().toDict()),
      "TensorLocations.setActivationLocation"),
     (lambda o: o.Jit.traceModel(True), ("Jit.trace_model", True), "Jit.traceModel(True)"),
-    (lambda o: o.Distributed.configureProcessId(1, 2), ("Distributed.num_processes", 2),
-     "Distributed.configureProcessId(1, 2)"),
 ])
 def test_an_ignored_option_is_stored_and_logged_once(log, call, stored, logged):
     opts = Options()

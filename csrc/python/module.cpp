@@ -1,5 +1,6 @@
 // poptorch._C: thin bindings over the C++ core. Importing it registers the
 // ipu device (allocator, guard, dispatcher kernels) with PyTorch.
+#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Exceptions.h>
@@ -66,7 +67,8 @@ std::shared_ptr<runtime::Program> prepareProgram() {
 }
 
 // `output_gathers`: (output mode, return period) per device output, or empty
-// for `output_mode` and `return_period` for all.
+// for `output_mode` and `return_period` for all. `before_update` (may be None)
+// runs before each update, holding the GIL (pybind11 takes it to call Python).
 std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, const runtime::Program* update,
                                  const std::vector<at::Tensor>& device_inputs,
                                  const std::vector<at::Tensor>& host_inputs,
@@ -74,7 +76,8 @@ std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, const runtim
                                  int64_t accumulation, int64_t replicas, int output_mode,
                                  int64_t return_period, uint64_t seed,
                                  const std::vector<std::pair<int, int64_t>>& output_gathers,
-                                 runtime::ReplicaBuffers* replica_buffers) {
+                                 runtime::ReplicaBuffers* replica_buffers,
+                                 const std::function<void()>& before_update) {
   runtime::StepShape shape;
   shape.iterations = iterations;
   shape.accumulation = accumulation;
@@ -84,7 +87,7 @@ std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, const runtim
     shape.output_gathers.push_back({static_cast<runtime::OutputMode>(mode), period});
   }
   return runtime::runSteps(micro_step, update, device_inputs, host_inputs, device_outputs, shape,
-                           seed, replica_buffers);
+                           seed, replica_buffers, before_update);
 }
 
 // Python may look at an ipu tensor's storage (serialization, data_ptr(),
@@ -268,12 +271,13 @@ PYBIND11_MODULE(_C, m) {
       .def("__exit__", &PyLookupScope::exit);
   m.def("build_identity", &compiler::buildIdentity,
         "The executable format, torch's version and this build: what entries must match.");
-  m.def("run_steps", &runSteps, py::arg("micro_step"), py::arg("update"),
-        py::arg("device_inputs"), py::arg("host_inputs"), py::arg("device_outputs"),
-        py::arg("iterations"), py::arg("accumulation"), py::arg("replicas"),
-        py::arg("output_mode"), py::arg("return_period"), py::arg("seed"),
+  m.def("run_steps", &runSteps, py::arg("micro_step"), py::arg("update"), py::arg("device_inputs"),
+        py::arg("host_inputs"), py::arg("device_outputs"), py::arg("iterations"),
+        py::arg("accumulation"), py::arg("replicas"), py::arg("output_mode"),
+        py::arg("return_period"), py::arg("seed"),
         py::arg("output_gathers") = std::vector<std::pair<int, int64_t>>{},
-        py::arg("replica_buffers") = nullptr, py::call_guard<py::gil_scoped_release>());
+        py::arg("replica_buffers") = nullptr, py::arg("before_update") = std::function<void()>{},
+        py::call_guard<py::gil_scoped_release>());
   py::class_<runtime::ReplicaBuffers, std::shared_ptr<runtime::ReplicaBuffers>>(
       m, "ReplicaBuffers", "Each replica's own values of the buffers a step updates.")
       .def(py::init<std::vector<at::Tensor>, int64_t>(), py::arg("buffers"), py::arg("replicas"))

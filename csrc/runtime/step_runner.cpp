@@ -187,7 +187,7 @@ void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
              const std::vector<at::Tensor>& host_inputs, const std::vector<OutputSlots>& slots,
              std::vector<GatheredOutput>& outputs, uint64_t seed, const Program* update = nullptr,
              int64_t per_iteration = 1, ReplicaBuffers* replica_buffers = nullptr,
-             int64_t replicas = 1) {
+             int64_t replicas = 1, const std::function<void()>& before_update = {}) {
   for (int64_t k = first; k < count; k += stride) {
     if (replica_buffers != nullptr) replica_buffers->select(k % replicas);
     for (size_t j = 0; j < lane.inputs.size(); ++j) copyRows(host_inputs[j], k, lane.inputs[j]);
@@ -201,7 +201,10 @@ void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
       const int64_t slot = slots[o].slotOf(k);
       if (slot >= 0) outputs[o].gather(slot, slots[o].sums(), lane.outputs[o]);
     }
-    if (update != nullptr && (k + 1) % per_iteration == 0) update->run();
+    if (update != nullptr && (k + 1) % per_iteration == 0) {
+      if (before_update) before_update();
+      update->run();
+    }
   }
 }
 
@@ -236,7 +239,8 @@ std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update
                                  const std::vector<at::Tensor>& host_inputs,
                                  const std::vector<at::Tensor>& device_outputs,
                                  const StepShape& shape, uint64_t seed,
-                                 ReplicaBuffers* replica_buffers) {
+                                 ReplicaBuffers* replica_buffers,
+                                 const std::function<void()>& before_update) {
   TORCH_CHECK(device_inputs.size() == host_inputs.size(),
               "internal: host and device inputs differ in number");
   Worker::get().waitIdle();
@@ -276,7 +280,7 @@ std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update
       }
     } settle{replica_buffers};
     runLane(lane, 0, 1, count, host_inputs, slots, outputs, seed, update, per_iteration,
-            replica_buffers, shape.replicas);
+            replica_buffers, shape.replicas, before_update);
   }
 
   std::vector<at::Tensor> results;

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <vector>
 
 #include "runtime/program.h"
@@ -36,11 +37,14 @@ struct StepShape {
 // null) runs after each iteration's micro-batches. A micro-step whose guards
 // fail is captured again (see StepVariants) and the loop goes on.
 // `replica_buffers` (may be null) swaps in each replica's own buffers.
+// `before_update` (may be empty) runs before each run of `update`: with replicas
+// in other processes, it reduces the accumulated gradients across them.
 std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update,
                                  const std::vector<at::Tensor>& device_inputs,
                                  const std::vector<at::Tensor>& host_inputs,
                                  const std::vector<at::Tensor>& device_outputs,
                                  const StepShape& shape, uint64_t seed,
-                                 ReplicaBuffers* replica_buffers = nullptr);
+                                 ReplicaBuffers* replica_buffers = nullptr,
+                                 const std::function<void()>& before_update = {});
 
 }  // namespace poptorch::runtime
