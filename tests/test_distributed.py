@@ -1,10 +1,12 @@
 """torch.distributed on ipu tensors, several processes under torchrun on 127.0.0.1."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from dist_scripts.launch import torchrun
+from dist_scripts.launch import processes, torchrun
 
 pytestmark = pytest.mark.slow  # each test starts processes that import torch
 
@@ -87,3 +89,42 @@ def test_replicas_of_two_processes_train_as_one_process_with_all_replicas(tmp_pa
     out = inference(x)
     for rank, results in enumerate(processes):
         torch.testing.assert_close(results["inference"], script.mine(out, rank, 2, 1), **close)
+
+
+@pytest.mark.parametrize("mode, low, high", [("die", 0.0, 4.0), ("hang", 4.5, 20.0)])
+def test_a_process_that_dies_or_hangs_makes_the_others_fail_with_an_error(mode, low, high):
+    """Process 1 stops before step 2; process 0 fails in step 2 with
+    poptorch.Error, at once if process 1 died, after the 5 s timeout if it hangs."""
+    result = processes("faults.py", mode, "5", timeout=120)
+    assert result.returncode == 1, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    found = re.search(r"rank 0 step 2 after ([0-9.]+) s: process 0 of 2: summing the gradients "
+                      r"of all processes failed", result.stdout)
+    assert found, result.stdout
+    assert low <= float(found.group(1)) <= high, result.stdout
+
+
+def test_torchrun_restarts_resume_from_a_checkpoint(tmp_path):
+    """Process 1 fails in the first attempt; torchrun --max-restarts 1 starts
+    both again, they resume from process 0's checkpoint, and the final weights
+    equal one process with the replicas of both trained without a failure."""
+    import poptorch
+    from dist_scripts import checkpointed as script
+
+    steps = 5
+    result = torchrun("checkpointed.py", str(tmp_path / "ckpt.pt"), str(tmp_path / "out.pt"),
+                      str(steps), torchrun_args=["--max-restarts", "1"])
+    _check(result)
+    assert "process 1 fails in step 2 of the first attempt" in result.stderr
+    assert re.search(r"rank 0: resuming at step [12]", result.stdout), result.stdout
+    weights = torch.load(tmp_path / "out.pt")
+
+    torch.manual_seed(0)
+    model = script.Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opts = poptorch.Options().replicationFactor(2 * script.REPLICAS)
+    opts.Distributed.disable()
+    training = poptorch.trainingModel(model, opts, optimizer)
+    for step in range(steps):
+        training(*script.whole(step, 2))
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-6, msg=name)

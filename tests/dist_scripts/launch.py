@@ -46,3 +46,31 @@ def torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 180,
         except ProcessLookupError:
             pass
     return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def processes(script: str, *args: str, nproc: int = 2, timeout: float = 180,
+              wait_for: int = 0) -> subprocess.CompletedProcess:
+    """Starts ``nproc`` processes of ``script`` with torchrun's variables (no
+    agent: none stops the others when one ends), waits for process
+    ``wait_for`` at most ``timeout`` seconds, then kills them all and returns
+    process ``wait_for``'s result."""
+    port = str(free_port())
+    started = []
+    try:
+        for rank in range(nproc):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank),
+                       WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+            env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+            started.append(subprocess.Popen([sys.executable, str(SCRIPTS / script), *args],
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            text=True, env=env, start_new_session=True))
+        out, err = started[wait_for].communicate(timeout=timeout)
+        return subprocess.CompletedProcess(started[wait_for].args,
+                                           started[wait_for].returncode, out, err)
+    finally:
+        for process in started:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.communicate()
