@@ -389,7 +389,7 @@ class PoplarExecutor(WrapperState):
         _precision.keep_running_statistics_float(self._options.Precision, self._model)
         self._state = DeviceState(self._model, id(self), _DEVICE)
         distributed = self._options.Distributed
-        processes = ProcessReplicas(distributed) if distributed.num_processes > 1 else None
+        processes = ProcessReplicas(self._options) if distributed.num_processes > 1 else None
         if processes is not None:
             processes.broadcast_from_first(self._state.tensors.values())
         device_params = {id(host): self._state.tensors[name]

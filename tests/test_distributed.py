@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from dist_scripts.launch import processes, torchrun
+from dist_scripts.launch import ROOT, processes, torchrun
 
 pytestmark = pytest.mark.slow  # each test starts processes that import torch
 
@@ -128,3 +128,15 @@ def test_torchrun_restarts_resume_from_a_checkpoint(tmp_path):
         training(*script.whole(step, 2))
     for name, value in model.state_dict().items():
         torch.testing.assert_close(weights[name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_distributed_digits_example_trains(tmp_path):
+    result = torchrun(str(ROOT / "examples" / "train_digits_distributed.py"), "--epochs", "2",
+                      "--checkpoint", str(tmp_path / "ckpt.pt"))
+    _check(result)
+    losses = [float(v) for v in re.findall(r"epoch \d: mean loss ([0-9.]+)", result.stdout)]
+    assert len(losses) == 2 and losses[1] < losses[0], result.stdout
+    accuracy = float(re.search(r"Eval accuracy over 2 processes: ([0-9.]+)%",
+                               result.stdout).group(1))
+    assert accuracy > 60.0, result.stdout
+    assert (tmp_path / "ckpt.pt").exists()

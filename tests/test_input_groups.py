@@ -98,3 +98,14 @@ def test_an_input_changed_in_place_is_written_back_from_the_first_replica_of_its
     out = poptorch.inferenceModel(AddReplicaIndependentOne(), opts)(x)
     torch.testing.assert_close(x, expected)
     torch.testing.assert_close(out, (expected * 2)[[0, 0, 1, 1]])
+
+
+def test_orthogonal_groups_across_processes_are_refused():
+    """Orthogonal groups would take replicas of several processes (which read
+    their own inputs): an error before the processes meet."""
+    opts = poptorch.Options().replicationFactor(4).inputReplicaGrouping(
+        2, poptorch.CommGroupType.Orthogonal)
+    opts.Distributed.configureProcessId(0, 2)
+    with pytest.raises(poptorch.Error, match=r"CommGroupType.Orthogonal\) with 2 processes: "
+                                             r"its groups would span processes"):
+        poptorch.inferenceModel(torch.nn.Linear(5, 2), opts)(torch.randn(8, 5))

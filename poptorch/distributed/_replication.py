@@ -26,15 +26,25 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from .. import _C
 from .._errors import Error
 from .._logging import logger
+from ..enums import CommGroupType
+from ..options import Options
 
 
 class ProcessReplicas:
     """This process's part in a model replicated across ``num_processes``."""
 
-    def __init__(self, distributed: object) -> None:
-        self.process_id: int = distributed.process_id  # type: ignore[attr-defined]
-        self.num_processes: int = distributed.num_processes  # type: ignore[attr-defined]
-        self._timeout: float = distributed.timeout  # type: ignore[attr-defined]
+    def __init__(self, options: Options) -> None:
+        distributed = options.Distributed
+        self.process_id: int = distributed.process_id
+        self.num_processes: int = distributed.num_processes
+        self._timeout: float = distributed.timeout
+        if options.input_group_size > 1 and options.input_group_type != CommGroupType.Consecutive:
+            # Consecutive groups of a size dividing replicationFactor stay in one
+            # process; orthogonal ones would take replicas of other processes.
+            raise Error(f"inputReplicaGrouping({options.input_group_size}, "
+                        f"CommGroupType.{options.input_group_type.name}) with {self.num_processes} "
+                        "processes: its groups would span processes, whose replicas read their own "
+                        "inputs; use CommGroupType.Consecutive")
         _join(self.process_id, self.num_processes, self._timeout)
 
     def broadcast_from_first(self, tensors: Iterable[torch.Tensor]) -> None:

@@ -22,7 +22,8 @@ def free_port() -> int:
 def torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 180,
              torchrun_args: Optional[List[str]] = None,
              env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node nproc script args`` over 127.0.0.1. The whole
+    """``torchrun --nproc_per_node nproc script args`` over 127.0.0.1 (``script``
+    in this directory, or a path). The whole
     process group (torchrun and its workers) is killed if it outlives
     ``timeout``, which raises ``subprocess.TimeoutExpired``."""
     full_env = dict(os.environ)
