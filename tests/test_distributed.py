@@ -49,7 +49,8 @@ def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
 def test_replicas_of_two_processes_train_as_one_process_with_all_replicas(tmp_path):
     """Each process runs 2 replicas (x 2 accumulation steps x 2 iterations) on
     its replicas' rows; weights and outputs equal one process with 4 replicas
-    fed the whole batches, for mean and sum reduction, and for inference."""
+    fed the whole batches, for mean and sum reduction, and for inference (also
+    with consecutive input groups)."""
     import poptorch
     from dist_scripts import replicated_training as script
     from poptorch.enums import ReductionType
@@ -89,6 +90,14 @@ def test_replicas_of_two_processes_train_as_one_process_with_all_replicas(tmp_pa
     out = inference(x)
     for rank, results in enumerate(processes):
         torch.testing.assert_close(results["inference"], script.mine(out, rank, 2, 1), **close)
+    torch.manual_seed(100)
+    grouped = poptorch.inferenceModel(script.Net(), poptorch.Options().replicationFactor(
+        replicas).deviceIterations(script.ITERATIONS).inputReplicaGrouping(script.REPLICAS))
+    x = torch.randn(script.ITERATIONS * 2 * script.MICRO, 5,
+                    generator=torch.Generator().manual_seed(5))
+    out = grouped(x)
+    for rank, results in enumerate(processes):
+        torch.testing.assert_close(results["grouped"], script.mine(out, rank, 2, 1), **close)
 
 
 @pytest.mark.parametrize("mode, low, high", [("die", 0.0, 4.0), ("hang", 4.5, 20.0)])

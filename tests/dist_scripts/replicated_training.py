@@ -9,7 +9,6 @@ import torch.distributed as dist
 import poptorch
 from poptorch.enums import OutputMode, ReductionType
 
-out_path = sys.argv[1]
 REPLICAS, ITERATIONS, ACCUMULATION, MICRO, STEPS = 2, 2, 2, 3, 3
 
 
@@ -38,6 +37,7 @@ def mine(batch, rank, processes, accumulation=ACCUMULATION):
 
 
 if __name__ == "__main__":
+    out_path = sys.argv[1]
     opts = options(REPLICAS)
     rank, processes = opts.Distributed.processId(), opts.Distributed.numProcesses()
     results = {}
@@ -62,6 +62,14 @@ if __name__ == "__main__":
     x = torch.randn(ITERATIONS * REPLICAS * processes * MICRO, 5,
                     generator=torch.Generator().manual_seed(4))
     results["inference"] = inference(mine(x, rank, processes, accumulation=1))
+    # Input groups of 2 consecutive replicas: one group per process, which feeds
+    # it its own micro-batches.
+    torch.manual_seed(100 + rank)
+    grouped = poptorch.inferenceModel(Net(), poptorch.Options().replicationFactor(
+        REPLICAS).deviceIterations(ITERATIONS).inputReplicaGrouping(REPLICAS))
+    x = torch.randn(ITERATIONS * processes * MICRO, 5, generator=torch.Generator().manual_seed(5))
+    rows = x.reshape(ITERATIONS, processes, MICRO, 5)[:, rank].reshape(-1, 5)
+    results["grouped"] = grouped(rows)
     gathered = [None] * processes
     dist.all_gather_object(gathered, results)
     if rank == 0:
