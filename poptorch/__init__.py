@@ -19,6 +19,9 @@ from . import autocasting
 from . import distributed
 from . import enums
 from . import optim
+from ._annotations import BeginBlock, Block, BlockFunction, removeBlocks
+from ._execution_strategy import (ParallelPhasedExecution, Phase, PipelinedExecution,
+                                  SerialPhasedExecution, ShardedExecution, Stage)
 from ._compile_hooks import registerPostCompileHook, registerPreCompileHook
 from ._data_accessor import AsynchronousDataAccessor
 from ._dataloader import DataLoader
@@ -102,9 +105,12 @@ def ipuHardwareVersion() -> int:
 
 __all__ = [
     "AsynchronousDataAccessor", "DataLoader", "autocast", "autocasting", "Error",
-    "ICustomArgParser", "Options", "PoplarExecutor", "RecoverableError", "TensorLocationSettings", "UnrecoverableError", "enums",
-    "identity_loss", "inferenceModel", "ipuHardwareIsAvailable", "ipuHardwareVersion",
-    "isRunningOnIpu", "load", "logger", "metrics", "module_repr", "optim", "registerCustomArgParser",
-    "registerPostCompileHook", "registerPreCompileHook", "reset_metrics", "setLogLevel",
+    "ICustomArgParser", "Options", "PoplarExecutor", "RecoverableError",
+    "TensorLocationSettings", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
+    "ipuHardwareIsAvailable", "ipuHardwareVersion", "isRunningOnIpu", "load", "logger",
+    "metrics", "module_repr", "optim", "registerCustomArgParser", "registerPostCompileHook",
+    "registerPreCompileHook", "reset_metrics", "setLogLevel", "BeginBlock", "Block",
+    "BlockFunction", "ParallelPhasedExecution", "Phase", "PipelinedExecution",
+    "SerialPhasedExecution", "ShardedExecution", "Stage", "removeBlocks",
     "set_executable_cache_size", "synchronize", "trainingModel",
 ] + enums.__all__ + _ops.__all__

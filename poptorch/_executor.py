@@ -29,6 +29,7 @@ from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import Error
+from ._execution_strategy import PipelinedExecution, check_split
 from ._input_groups import expand_input_groups, group_rows
 from ._logging import logger
 from ._printing import module_repr
@@ -420,11 +421,18 @@ class PoplarExecutor(WrapperState):
         args, kwargs = _inputs.unflatten(device_leaves, self._spec, self._input_objects)
         anchors = (Anchors(self._options, self._model, self._state, self._training,
                            not accumulate) if self._options.anchored_tensors else None)
+        strategy = self._options.execution_strategy or PipelinedExecution()
         step = StepCapture(self._model, self._state, self._training, self._device_optimizer,
                            accumulate, device_inputs, args, kwargs, self._options.Precision,
-                           anchors, self._capture_seed)
+                           strategy, anchors, self._capture_seed)
         self._step = step
-        self._micro_step = _C.StepVariants(step.micro_step(), step.recapture)
+        first = step.micro_step()
+        o = self._options
+        check_split(strategy, step.split.stages, step.split.num_ipus, training=self._training,
+                    device_iterations=o.device_iterations,
+                    gradient_accumulation=self._accumulation,
+                    auto_round_num_ipus=o.auto_round_num_ipus, ipus_available=_C.device_count())
+        self._micro_step = _C.StepVariants(first, step.recapture)
         if progress:
             progress.to(70)
         self._replica_buffers = _buffers.replica_buffers(

@@ -27,6 +27,8 @@ import torch.utils._pytree as pytree
 from . import _C
 from . import _buffers
 from . import _precision
+from ._held_parameters import device_parameters
+from ._annotations import Split, capturing_blocks
 from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
@@ -61,9 +63,11 @@ class StepCapture:
     def __init__(self, model: torch.nn.Module, state: DeviceState, training: bool,
                  optimizer: Optional[DeviceOptimizer], accumulate: bool,
                  device_inputs: List[torch.Tensor], args: Tuple[Any, ...],
-                 kwargs: Dict[str, Any], precision: Any,
+                 kwargs: Dict[str, Any], precision: Any, strategy: Any,
                  anchors: Optional[Anchors] = None, seed: int = 0) -> None:
         self.model = model
+        self.strategy = strategy  # Options.setExecutionStrategy: places the model's blocks
+        self.split: Optional[Split] = None  # how the blocks split the model (set by a capture)
         self.precision = precision  # Options.Precision: the casts of the forward
         # Random ops draw their seeds from the default generator seeded with
         # this while captured, so that capturing again (after
@@ -96,18 +100,22 @@ class StepCapture:
         recorder = LossRecorder(self.model)
         # Tensors made in forward without a device are constants of the step
         # on the IPU, as in PopTorch (random ones are drawn there on every run).
-        with self._seeded(), _whole_step_capture(), recorder, RunningOnIpu(), \
-                self._state.device:
+        with self._seeded(), _whole_step_capture(), capturing_blocks(self.strategy) as blocks, \
+                recorder, RunningOnIpu(), self._state.device:
             with torch.enable_grad() if self.training else torch.no_grad(), \
                     _precision.forward_casting(self.precision, self.model), \
+                    device_parameters(self.model, self._state.host, self._state.tensors), \
                     _buffers.kept_in_forward(self.model, self._state.tensors):
                 outputs = torch.func.functional_call(self.model, self._state.tensors,
                                                      self._args, self._kwargs, strict=False)
+            self.split = blocks.end_forward()
             if self.training:
                 self._backward(recorder.loss(outputs))
             self._bind_outputs((outputs, self.anchors.values() if self.anchors else {}))
             del outputs
             program = _C.prepare_program()
+        # (op, block, stage, phase, ipu) of each node of the compiled step
+        self.placements = program.placements()
         self.variants += 1
         return program
 

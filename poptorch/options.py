@@ -31,6 +31,7 @@ import torch
 from . import autocasting
 from ._options_config import load_config_file
 from ._errors import Error
+from ._execution_strategy import _ExecutionStrategy
 from ._logging import logger
 from .enums import (CommGroupType, ConnectionType, HalfFloatCastingBehavior,
                     MeanReductionStrategy, OutputMode, ReductionType, SyncPattern)
@@ -54,7 +55,6 @@ def _only(*honoured: Any) -> Callable[[Any], bool]:
 # emulator behave as asked for this value?, why not otherwise).
 _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "useIpuModel": (_only(True), "there is no IPU hardware, the IPU Model is always used"),
-    "autoRoundNumIPUs": (_only(False), "the emulator does not allocate IPUs"),
     "useIpuId": (_never, "there is a single emulated IPU"),
     "connectionType": (_only(ConnectionType.Always, ConnectionType.Never),
                        "the emulated IPU is always attached"),
@@ -70,7 +70,6 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "enableStableNorm": (_only(True), "the host's norm kernels are the stable ones"),
     "modelName": (_never, "no profiling reports are written"),
     "disableModuleNamescope": (_never, "ops are not named after modules"),
-    "setExecutionStrategy": (_never, "the whole graph runs as one stage on one emulated IPU"),
     "Training.setMeanAccumulationAndReplicationReductionStrategy": (
         _only(MeanReductionStrategy.Post), "gradients are summed over the micro-batches and "
         "divided once at the update (Post), which equals the other strategies up to rounding"),
@@ -718,13 +717,21 @@ class Options(_Settings):
         return self._set("ipu_version", version)
 
     def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> Options:
-        """Round the number of IPUs a model uses up to a power of 2."""
-        return self._set_not_honoured("autoRoundNumIPUs", "auto_round_num_ipus",
-                                      _bool("autoRoundNumIPUs", auto_round_num_ipus))
+        """Round the number of IPUs a model uses up to a power of 2 (the extra
+        IPUs reserved but idle). Without it, a model annotated to use a number
+        of IPUs that is not a power of 2 is an error."""
+        return self._set("auto_round_num_ipus", _bool("autoRoundNumIPUs", auto_round_num_ipus))
 
     def setExecutionStrategy(self, strategy: Any) -> Options:
-        """How a model annotated with blocks is split over IPUs."""
-        return self._set_not_honoured("setExecutionStrategy", "execution_strategy", strategy)
+        """How a model annotated with blocks is split over IPUs:
+        :class:`~poptorch.PipelinedExecution` (the default),
+        :class:`~poptorch.ShardedExecution`, :class:`~poptorch.SerialPhasedExecution`
+        or :class:`~poptorch.ParallelPhasedExecution`."""
+        if not isinstance(strategy, _ExecutionStrategy):
+            raise Error("setExecutionStrategy takes poptorch.PipelinedExecution, "
+                        "ShardedExecution, SerialPhasedExecution or ParallelPhasedExecution, "
+                        f"got {strategy!r}")
+        return self._set("execution_strategy", strategy)
 
     def connectionType(self, connection_type: ConnectionType) -> Options:
         """When to attach to the IPU: ``Always``, ``OnDemand`` or ``Never`` (the

@@ -93,10 +93,7 @@ DATA = ["DataLoader.combinedBatchSize", "DataLoader.options", "DataLoader.termin
 ISSUE_11 = "issue 11 (multi-IPU: annotations and execution strategies)"
 ISSUE_12 = "issue 12 (PopTorch ops, precision, precompilation, profiling)"
 EXPECTED_MISSING = {
-    **{f"poptorch.{name}": ISSUE_11 for name in (
-        "BeginBlock", "Block", "BlockFunction", "removeBlocks", "Stage", "Phase",
-        "PipelinedExecution", "ShardedExecution", "SerialPhasedExecution",
-        "ParallelPhasedExecution", "recomputationCheckpoint")},
+    **{f"poptorch.{name}": ISSUE_11 for name in ("recomputationCheckpoint",)},
     **{f"poptorch.{name}": ISSUE_12 for name in (
         "profiling", "Attribute", "NameScope")},
     **{f"PoplarExecutor.{name}": ISSUE_12 for name in (

@@ -357,7 +357,6 @@ def messages(log):
 
 @pytest.mark.parametrize("call, stored, logged", [
     (lambda o: o.useIpuModel(False), ("use_ipu_model", False), "useIpuModel(False)"),
-    (lambda o: o.autoRoundNumIPUs(True), ("auto_round_num_ipus", True), "autoRoundNumIPUs(True)"),
     (lambda o: o.useIpuId(3), ("ipu_id", 3), "useIpuId(3)"),
     (lambda o: o.connectionType(ConnectionType.OnDemand),
      ("connection_type", ConnectionType.OnDemand), "connectionType(ConnectionType.OnDemand)"),
@@ -389,8 +388,6 @@ def messages(log):
      "Precision.enableFloatingPointExceptions(True)"),
     (lambda o: o.TensorLocations.numIOTiles(64), ("TensorLocations.num_io_tiles", 64),
      "TensorLocations.numIOTiles(64)"),
-    (lambda o: o.setExecutionStrategy("sharded"), ("execution_strategy", "sharded"),
-     "setExecutionStrategy"),
     (lambda o: o.Precision.enableStochasticRounding(True),
      ("Precision.stochastic_rounding", True), "Precision.enableStochasticRounding(True)"),
     (lambda o: o.Precision.setPartialsType(torch.float16),

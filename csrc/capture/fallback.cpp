@@ -9,6 +9,7 @@
 
 #include "capture/capture.h"
 #include "capture/meta_inference.h"
+#include "capture/placement.h"
 #include "capture/pending_graph.h"
 #include "capture/step_capture.h"
 #include "common/ivalue_tensors.h"
@@ -282,6 +283,7 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
   auto lock = PendingGraph::get().lock();
   PendingGraph& pending = PendingGraph::get();
   ir::Node node(op);
+  node.placement = placeCapturedOp(node);
   node.guard = guard;
   node.deterministic = at::globalContext().deterministicAlgorithms();
   node.deterministic_warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();

@@ -21,7 +21,7 @@ namespace poptorch::compiler {
 namespace {
 
 // Bumped whenever the trees below change.
-constexpr int64_t kFormatVersion = 1;
+constexpr int64_t kFormatVersion = 2;
 
 // --- the build ----------------------------------------------------------------
 
@@ -179,7 +179,9 @@ c10::IValue encodeNode(const ir::Node& node) {
   return tuple({name.name, name.overload_name, std::move(args), std::move(inputs),
                 std::move(outputs), ints(node.writes), bools(node.fresh_returns),
                 node.source_index, node.seed.has_value(), node.generator_arg,
-                static_cast<int64_t>(node.guard)});
+                static_cast<int64_t>(node.guard),
+                ints(std::vector<int32_t>{node.placement.block, node.placement.stage,
+                                          node.placement.phase, node.placement.ipu})});
 }
 
 c10::IValue encodeGraph(const ir::Graph& graph) {
@@ -343,7 +345,7 @@ c10::IValue decodeConstant(const Field& f) {
 }
 
 ir::Node decodeNode(const Field& f, const std::vector<ir::BufferInfo>& buffers) {
-  f.sized(11);
+  f.sized(12);
   ir::Node node(decodeOperator(f[0], f[1]));
   const c10::FunctionSchema& schema = node.op.schema();
   const Field inputs = f[3];
@@ -364,6 +366,14 @@ ir::Node decodeNode(const Field& f, const std::vector<ir::BufferInfo>& buffers) 
   node.generator_arg = static_cast<int32_t>(
       f[9].integer(-1, static_cast<int64_t>(schema.arguments().size()) - 1));
   node.guard = decodeEnum(f[10], ir::Guard::kShape);
+  const std::vector<int64_t> placement = decodeInts(f[11].sized(4));
+  for (int64_t v : placement) {
+    if (v < ir::Placement::kOutsideBlocks || v > std::numeric_limits<int32_t>::max()) {
+      f[11].fail("is not a placement");
+    }
+  }
+  node.placement = {static_cast<int32_t>(placement[0]), static_cast<int32_t>(placement[1]),
+                    static_cast<int32_t>(placement[2]), static_cast<int32_t>(placement[3])};
 
   const Field args = f[2].sized(schema.arguments().size());
   const auto num_inputs = static_cast<int64_t>(node.inputs.size());

@@ -1,7 +1,7 @@
 #include "ir/graph.h"
 
-#include <absl/strings/str_cat.h>
 #include <absl/strings/match.h>
+#include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 #include <c10/util/strides.h>
 
@@ -114,6 +114,11 @@ std::string Graph::toString() const {
                     node.name(), "(", absl::StrJoin(args, ", "), ")");
     if (!node.writes.empty()) {
       absl::StrAppend(&out, "  writes %", absl::StrJoin(node.writes, ", %"));
+    }
+    if (node.placement != Placement{}) {
+      const Placement& at = node.placement;
+      absl::StrAppend(&out, "  block ", at.block, " stage ", at.stage, " phase ", at.phase, " ipu ",
+                      at.ipu);
     }
     absl::StrAppend(&out, "\n");
   }

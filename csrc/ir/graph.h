@@ -77,6 +77,21 @@ enum class Guard : uint8_t {
   kShape,  // an op whose output shape depends on the data: the shapes seen must recur
 };
 
+// Where a node runs in a model split over several IPUs (poptorch.BeginBlock,
+// poptorch.Block): the block that captured it (its index in the order blocks
+// began; kBeforeBlocks / kOutsideBlocks otherwise), the block's pipeline stage
+// (or shard), phase and IPU. Nodes of unannotated graphs keep the defaults.
+struct Placement {
+  static constexpr int32_t kBeforeBlocks = -1;   // before the first block: stage 0, IPU 0
+  static constexpr int32_t kOutsideBlocks = -2;  // after a `with Block` scope closed
+  int32_t block = kBeforeBlocks;
+  int32_t stage = 0;
+  int32_t phase = 0;
+  int32_t ipu = 0;
+
+  bool operator==(const Placement& other) const = default;
+};
+
 struct Node {
   c10::OperatorHandle op;
   std::vector<Arg> args;
@@ -100,6 +115,7 @@ struct Node {
   // kShape: the op's non-tensor results (bools, ints...) when it was captured,
   // in order; they must recur too. Runtime data: not hashed.
   std::vector<c10::IValue> observed;
+  Placement placement;
 
   explicit Node(c10::OperatorHandle handle) : op(std::move(handle)) {}
   std::string name() const;

@@ -80,6 +80,9 @@ uint64_t structuralHash(const Graph& graph) {
     h = hashCombine(h, hashString(name.name));
     h = hashCombine(h, hashString(name.overload_name));
     h = hashCombine(h, static_cast<uint64_t>(node.guard));
+    // Blocks decide where a node runs and whose memory it takes.
+    const Placement& at = node.placement;
+    for (int32_t v : {at.block, at.stage, at.phase, at.ipu}) h = hashCombine(h, v + 2);
     for (const Arg& arg : node.args) {
       h = hashCombine(h, static_cast<uint64_t>(arg.kind));
       switch (arg.kind) {

@@ -58,6 +58,7 @@ ir::Graph fuseMatmulActivations(ir::Graph graph) {
     fused.outputs = {result};
     fused.fresh_returns = {true};
     fused.source_index = node.source_index;
+    fused.placement = node.placement;
     node = std::move(fused);
     keep[r] = false;  // the relu, now part of the fused node
   }

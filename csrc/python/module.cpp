@@ -9,6 +9,7 @@
 #include "capture/capture.h"
 #include "capture/meta_inference.h"
 #include "capture/pending_graph.h"
+#include "capture/placement.h"
 #include "capture/step_capture.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -172,6 +173,22 @@ class PyLookupScope {
   std::optional<std::string> directory_;
   std::optional<compiler::LookupScope> scope_;
 };
+py::list nodePlacements(const runtime::Program& program) {
+  py::list out;
+  for (const ir::Node& node : program.compiledGraph().nodes) {
+    const ir::Placement& at = node.placement;
+    out.append(py::make_tuple(node.name(), at.block, at.stage, at.phase, at.ipu));
+  }
+  return out;
+}
+
+py::list forwardBlockUse() {
+  py::list out;
+  for (const capture::BlockUse& use : capture::forwardBlockUse()) {
+    out.append(py::make_tuple(use.block, use.nodes, use.first_op));
+  }
+  return out;
+}
 
 size_t pendingNodes() {
   auto lock = capture::PendingGraph::get().lock();
@@ -218,7 +235,22 @@ PYBIND11_MODULE(_C, m) {
       m, "Program", "A captured, compiled graph bound to its ipu storages.")
       .def("run", &runtime::Program::run, py::arg("seed_salt") = 0,
            py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("num_nodes", &runtime::Program::numNodes);
+      .def_property_readonly("num_nodes", &runtime::Program::numNodes)
+      .def("placements", &nodePlacements,
+           "(op, block, stage, phase, ipu) of each node of the compiled program.");
+  m.def("begin_placements", &capture::beginPlacements,
+        "Records the block of each op this thread captures (a multi-IPU model's step).");
+  m.def(
+      "set_block",
+      [](int32_t block, int32_t stage, int32_t phase, int32_t ipu) {
+        capture::setBlock({block, stage, phase, ipu});
+      },
+      py::arg("block"), py::arg("stage"), py::arg("phase"), py::arg("ipu"),
+      "This thread's next forward ops belong to this block.");
+  m.def("end_forward", &capture::endForward, "The forward of the captured step has ended.");
+  m.def("end_placements", &capture::endPlacements);
+  m.def("forward_block_use", &forwardBlockUse,
+        "(block, nodes, first op) of the forward captured since begin_placements.");
   m.def("discard_pending_graph", [] {
     auto lock = capture::PendingGraph::get().lock();
     capture::PendingGraph::get().discard();

@@ -46,6 +46,8 @@ class Program {
   [[nodiscard]] std::exception_ptr tryRun(uint64_t seed_salt = 0) const;
 
   size_t numNodes() const { return executable_->program.nodes.size(); }
+  // The optimised program this runs.
+  const ir::Graph& compiledGraph() const { return executable_->program; }
   // True when the program is specialised on values read while capturing: a
   // run may then throw GuardFailure, having changed nothing.
   bool hasGuards() const { return executable_->has_guards; }
