@@ -13,6 +13,7 @@ import torch
 from . import _C
 from . import _ops
 from . import _device_module
+from . import _dynamo_backend
 from . import _grad_scaler
 from . import _serialization
 from . import autocasting
@@ -42,6 +43,7 @@ from .options import Options, TensorLocationSettings
 torch._register_device_module("ipu", _device_module)
 _serialization.install()
 _grad_scaler.install()
+_dynamo_backend.install()
 
 # The autograd engine sizes its per-device worker queues once, at the first
 # backward: if that ran before this import, the ipu has no queue and backward
@@ -59,8 +61,11 @@ def metrics() -> Dict[str, Any]:
     """Counters of what the ipu backend did since start (or ``reset_metrics``):
     ``ops_captured``, ``graphs_compiled``, ``cache_hits``, ``cache_evictions``,
     ``executables_loaded`` (from the disk cache or a precompiled file), ``executions``,
-    ``host_fallbacks``, ``fallback_ops`` (op name -> count),
-    ``compile_seconds``, ``execute_seconds``, ``bytes_to_ipu``, ``bytes_from_ipu``.
+    ``host_fallbacks``, ``guard_failures``, ``fallback_ops`` (op name -> count),
+    ``compile_seconds``, ``execute_seconds``, ``bytes_to_ipu``, ``bytes_from_ipu``, and for
+    ``torch.compile(backend="ipu")``: ``dynamo_graphs`` (graphs dynamo gave the backend),
+    ``dynamo_recompiles`` (of which compiled again after a guard failed) and
+    ``dynamo_replays`` (calls of compiled graphs replayed without Python).
     """
     return _C.metrics()
 

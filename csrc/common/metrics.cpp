@@ -17,6 +17,11 @@ void Metrics::executed(double seconds) {
   execute_seconds_.fetch_add(seconds, std::memory_order_relaxed);
 }
 
+void Metrics::dynamoGraph(bool recompile) {
+  dynamo_graphs_.fetch_add(1, std::memory_order_relaxed);
+  if (recompile) dynamo_recompiles_.fetch_add(1, std::memory_order_relaxed);
+}
+
 bool Metrics::hostFallback(const std::string& op) {
   host_fallbacks_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(fallback_mutex_);
@@ -35,6 +40,9 @@ MetricsSnapshot Metrics::snapshot() const {
   s.guard_failures = guard_failures_.load();
   s.bytes_to_ipu = bytes_to_ipu_.load();
   s.bytes_from_ipu = bytes_from_ipu_.load();
+  s.dynamo_graphs = dynamo_graphs_.load();
+  s.dynamo_recompiles = dynamo_recompiles_.load();
+  s.dynamo_replays = dynamo_replays_.load();
   s.compile_seconds = compile_seconds_.load();
   s.execute_seconds = execute_seconds_.load();
   std::lock_guard<std::mutex> lock(fallback_mutex_);
@@ -53,6 +61,9 @@ void Metrics::reset() {
   guard_failures_ = 0;
   bytes_to_ipu_ = 0;
   bytes_from_ipu_ = 0;
+  dynamo_graphs_ = 0;
+  dynamo_recompiles_ = 0;
+  dynamo_replays_ = 0;
   compile_seconds_ = 0;
   execute_seconds_ = 0;
   std::lock_guard<std::mutex> lock(fallback_mutex_);

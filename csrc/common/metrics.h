@@ -21,6 +21,9 @@ struct MetricsSnapshot {
   int64_t guard_failures = 0;
   int64_t bytes_to_ipu = 0;
   int64_t bytes_from_ipu = 0;
+  int64_t dynamo_graphs = 0;      // graphs torch.compile(backend="ipu") was given
+  int64_t dynamo_recompiles = 0;  // of which dynamo compiled again after a guard failed
+  int64_t dynamo_replays = 0;     // calls of compiled graphs replayed from C++
   double compile_seconds = 0;
   double execute_seconds = 0;
   std::map<std::string, int64_t> fallback_ops;
@@ -42,6 +45,8 @@ class Metrics {
   void guardFailed() { guard_failures_.fetch_add(1, std::memory_order_relaxed); }
   void bytesToIpu(int64_t n) { bytes_to_ipu_.fetch_add(n, std::memory_order_relaxed); }
   void bytesFromIpu(int64_t n) { bytes_from_ipu_.fetch_add(n, std::memory_order_relaxed); }
+  void dynamoGraph(bool recompile);
+  void dynamoReplay() { dynamo_replays_.fetch_add(1, std::memory_order_relaxed); }
 
   MetricsSnapshot snapshot() const;
   void reset();
@@ -57,6 +62,9 @@ class Metrics {
   std::atomic<int64_t> guard_failures_{0};
   std::atomic<int64_t> bytes_to_ipu_{0};
   std::atomic<int64_t> bytes_from_ipu_{0};
+  std::atomic<int64_t> dynamo_graphs_{0};
+  std::atomic<int64_t> dynamo_recompiles_{0};
+  std::atomic<int64_t> dynamo_replays_{0};
   std::atomic<double> compile_seconds_{0};
   std::atomic<double> execute_seconds_{0};
   mutable std::mutex fallback_mutex_;

@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "capture/capture.h"
+#include "capture/graph_replay.h"
 #include "capture/meta_inference.h"
 #include "capture/pending_graph.h"
 #include "capture/placement.h"
@@ -45,6 +46,9 @@ py::dict metricsDict() {
   d["execute_seconds"] = s.execute_seconds;
   d["bytes_to_ipu"] = s.bytes_to_ipu;
   d["bytes_from_ipu"] = s.bytes_from_ipu;
+  d["dynamo_graphs"] = s.dynamo_graphs;
+  d["dynamo_recompiles"] = s.dynamo_recompiles;
+  d["dynamo_replays"] = s.dynamo_replays;
   return d;
 }
 
@@ -310,6 +314,19 @@ PYBIND11_MODULE(_C, m) {
         py::arg("output_gathers") = std::vector<std::pair<int, int64_t>>{},
         py::arg("replica_buffers") = nullptr, py::arg("before_update") = std::function<void()>{},
         py::call_guard<py::gil_scoped_release>());
+  py::class_<capture::GraphReplay, std::shared_ptr<capture::GraphReplay>>(
+      m, "GraphReplay",
+      "A graph of torch.compile(backend='ipu'), captured once per input layout and replayed.")
+      .def(py::init<>())
+      .def_static("capture_inputs", &capture::GraphReplay::captureInputs,
+                  py::call_guard<py::gil_scoped_release>())
+      .def("add", &capture::GraphReplay::add, py::arg("program"), py::arg("inputs"),
+           py::arg("outputs"))
+      .def("run", &capture::GraphReplay::run, py::call_guard<py::gil_scoped_release>())
+      .def("__len__", &capture::GraphReplay::size);
+  m.def(
+      "count_dynamo_graph", [](bool recompile) { Metrics::get().dynamoGraph(recompile); },
+      py::arg("recompile"));
   py::class_<runtime::ReplicaBuffers, std::shared_ptr<runtime::ReplicaBuffers>>(
       m, "ReplicaBuffers", "Each replica's own values of the buffers a step updates.")
       .def(py::init<std::vector<at::Tensor>, int64_t>(), py::arg("buffers"), py::arg("replicas"))

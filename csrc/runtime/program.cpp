@@ -38,6 +38,10 @@ std::unique_ptr<Program> Program::twin(
       if (s && s.is_alias_of(from)) s = to;
     }
   }
+  return rebound(std::move(storages));
+}
+
+std::unique_ptr<Program> Program::rebound(std::vector<c10::Storage> storages) const {
   return std::unique_ptr<Program>(new Program(executable_, graph_, std::move(storages)));
 }
 

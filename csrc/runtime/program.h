@@ -21,6 +21,9 @@ class Program {
   // program to the ones the twin uses instead (the others are shared).
   std::unique_ptr<Program> twin(
       const std::vector<std::pair<c10::Storage, c10::Storage>>& replace) const;
+  // The same program on `storages`, one per buffer as storages() (null for
+  // temporaries).
+  std::unique_ptr<Program> rebound(std::vector<c10::Storage> storages) const;
 
   // True if a node writes `storage` (an ipu storage the program is bound to) in place.
   bool writes(const c10::StorageImpl* storage) const;
@@ -52,6 +55,8 @@ class Program {
   // run may then throw GuardFailure, having changed nothing.
   bool hasGuards() const { return executable_->has_guards; }
   const std::vector<c10::Storage>& storages() const { return storages_; }
+  // The graph as captured (its buffers, and its nodes' runtime arguments).
+  const ir::Graph& graph() const { return *graph_; }
   // True when the program must run on the calling thread, one run at a time:
   // a random op in it draws from the default generator, whose state the
   // runtime swaps while it runs (and the capturing thread draws seeds from),

@@ -1,0 +1,220 @@
+"""``torch.compile(model, backend="ipu")``.
+
+Dynamo hands the backend each FX graph it captures, and AOTAutograd
+(``torch._dynamo.backends.common.aot_autograd``) turns it into functional ATen
+graphs: one for inference, or a forward and a backward for training. Each of
+those runs once on the call's ipu tensors under a whole-step capture, as a
+wrapped model's step is captured, which gives a program (compiled, or found in
+the executable cache by its structure); every later call replays that program
+from C++ on the call's tensors (``_C.GraphReplay``): no Python per op and
+nothing compiled. Inputs of another layout (sizes, strides, dtypes) or other
+integer arguments (dynamic shapes) capture another variant. Code between graphs
+(graph breaks) runs on ipu tensors in lazy mode, as any code does.
+
+Importing ``torch._dynamo`` costs about as much as importing torch, so the
+backend is registered when dynamo is first imported (by ``torch.compile``,
+``torch._dynamo.list_backends()``...), not when poptorch is.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import _C
+from ._errors import Error
+from ._logging import logger
+from ._step_capture import _whole_step_capture
+
+# torch.compile's modes tune inductor's kernels and CUDA graphs; this backend
+# always replays its programs without Python, which is what "reduce-overhead" asks for.
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+_INDUCTOR_REFUSAL = (
+    "inductor, torch.compile's default backend, cannot compile graphs of ipu tensors: use "
+    "torch.compile(model, backend=\"ipu\"), which compiles them for the ipu")
+
+
+def ipu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: Optional[str] = None,
+        options: Optional[Dict[str, Any]] = None) -> Callable[..., Any]:
+    """The dynamo backend behind ``torch.compile(model, backend="ipu")``."""
+    if mode is not None and mode not in _MODES:
+        raise Error(f"torch.compile(backend=\"ipu\") has no mode {mode!r}: use one of "
+                    f"{', '.join(_MODES)} (all replay the compiled programs without Python)")
+    if options:
+        raise Error(f"torch.compile(backend=\"ipu\") takes no options, got {sorted(options)}: "
+                    "they configure inductor, which the ipu backend does not use")
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._guards import CompileContext
+
+    compile_id = CompileContext.current_compile_id()
+    recompile = bool(compile_id is not None and compile_id.frame_compile_id)
+    _C.count_dynamo_graph(recompile)
+    if recompile:
+        logger.info("torch.compile(backend=\"ipu\"): dynamo compiles a function again (compile "
+                    "%s) because a guard failed; TORCH_LOGS=recompiles says which", compile_id)
+    return aot_autograd(fw_compiler=ReplayedGraph, bw_compiler=ReplayedGraph,
+                        inference_compiler=ReplayedGraph)(gm, example_inputs)
+
+
+class ReplayedGraph:
+    """An ATen graph of AOTAutograd as a boxed function of its arguments:
+    captured on the ipu at its first call and replayed afterwards."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+        # AOTAutograd passes the arguments as a list we may clear. An instance
+        # attribute: dynamo's wrappers (functools.wraps) copy only those.
+        self._boxed_call = True
+        self._gm = gm
+        self._lazy_reason = _why_not_replayable(gm, example_inputs)
+        if self._lazy_reason:
+            logger.info("torch.compile(backend=\"ipu\"): a graph runs in lazy mode (op by op "
+                        "from Python, its executable cached) because %s", self._lazy_reason)
+        # Non-tensor arguments (symbolic sizes under dynamic shapes): each set
+        # of values is a graph of its own.
+        self._scalars = [i for i, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)]
+        self._replays: Dict[Tuple[Any, ...], _Replay] = {}
+
+    def __call__(self, args: List[Any]) -> Any:
+        if self._lazy_reason:
+            outputs = self._gm(*args)
+            args.clear()
+            return outputs
+        key = tuple(args[i] for i in self._scalars)
+        replay = self._replays.get(key)
+        if replay is None:
+            replay = self._replays[key] = _Replay()
+        tensors = [a for a in args if isinstance(a, torch.Tensor)] if self._scalars else args
+        outputs = replay.graph.run(tensors)
+        if outputs is None:
+            if _C.capturing_step():  # inside a wrapped model's step: the ops join it
+                return self._gm(*args)
+            outputs = self._capture(replay, args, tensors)
+        args.clear()  # AOTAutograd's convention: saved activations go as soon as they can
+        return replay.fill(outputs)
+
+    def _capture(self, replay: "_Replay", args: List[Any],
+                 tensors: List[torch.Tensor]) -> List[torch.Tensor]:
+        inputs = iter(_C.GraphReplay.capture_inputs(tensors))
+        capture_args = [next(inputs) if isinstance(a, torch.Tensor) else a for a in args]
+        # Random ops draw their seeds at capture; every run replays them with a
+        # salt drawn then instead, so the capture leaves the generator alone.
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), _whole_step_capture():
+            captured = self._gm(*capture_args)
+            program = _C.prepare_program()
+        leaves = list(captured)
+        out_tensors = [o for o in leaves if isinstance(o, torch.Tensor)]
+        replay.graph.add(program, [a for a in capture_args if isinstance(a, torch.Tensor)],
+                         out_tensors)
+        replay.template = [None if isinstance(o, torch.Tensor) else o for o in leaves]
+        replay.positions = [i for i, o in enumerate(leaves) if isinstance(o, torch.Tensor)]
+        del captured, leaves, out_tensors, capture_args, program
+        outputs = replay.graph.run(tensors)
+        assert outputs is not None, "a graph just captured must replay on its inputs"
+        return outputs
+
+
+class _Replay:
+    """The variants of one graph for one set of non-tensor arguments, and
+    where its tensors go among its outputs."""
+
+    def __init__(self) -> None:
+        self.graph = _C.GraphReplay()
+        self.template: List[Any] = []
+        self.positions: List[int] = []
+
+    def fill(self, tensors: List[torch.Tensor]) -> List[Any]:
+        outputs = list(self.template)
+        for position, tensor in zip(self.positions, tensors):
+            outputs[position] = tensor
+        return outputs
+
+
+def _why_not_replayable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
+    """Why the graph cannot be replayed on the ipu ("" if it can): it computes
+    on another device, whose ops a capture on the ipu does not record."""
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor):
+            if x.device.type != "ipu":
+                return f"its argument {i} is a tensor on {x.device}"
+        elif not isinstance(x, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return f"its argument {i} is a {type(x).__name__}"
+    for node in gm.graph.nodes:
+        for value in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(value, torch.Tensor) and value.device.type != "ipu":
+                return f"{node.format_node()} computes a tensor on {value.device}"
+    return ""
+
+
+def _refuse_inductor(*args: Any, **kwargs: Any) -> None:
+    raise Error(_INDUCTOR_REFUSAL)
+
+
+class _InductorRefusal:
+    """The ipu's scheduling and wrapper codegen in inductor's device registry:
+    made by nothing, as the pass over ipu graphs raises first."""
+
+    supports_caching = False  # nothing of an ipu graph may come from inductor's cache
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _refuse_inductor()
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> None:
+        _refuse_inductor()
+
+
+def _register_backend(registry: ModuleType) -> None:
+    registry.register_backend(compiler_fn=ipu, name="ipu")
+
+
+def _refuse_in_inductor(codegen: ModuleType) -> None:
+    # Inductor's way for a device to take part (a scheduling, wrapper codegen
+    # and a pass over graphs on the device); the pass runs before any code is
+    # generated and raises, instead of inductor's `KeyError: 'ipu'`.
+    codegen.register_backend_for_device("ipu", _InductorRefusal, _InductorRefusal,
+                                        _InductorRefusal, _InductorRefusal,
+                                        device_custom_pass=_refuse_inductor)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``action(module)`` once the module ``name`` has been imported."""
+
+    def __init__(self, name: str, action: Callable[[ModuleType], None]) -> None:
+        self._name = name
+        self._action = action
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self._name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)  # from the finders after this one
+        if spec is not None and spec.loader is not None:
+            execute = spec.loader.exec_module
+
+            def execute_then_act(module: ModuleType) -> None:
+                execute(module)
+                self._action(module)
+
+            spec.loader.exec_module = execute_then_act  # type: ignore[method-assign]
+        return spec
+
+
+def _when_imported(name: str, action: Callable[[ModuleType], None]) -> None:
+    module = sys.modules.get(name)
+    if module is not None:
+        action(module)
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, action))
+
+
+def install() -> None:
+    """Registers the backend "ipu" with dynamo, and inductor's refusal of ipu
+    graphs, each when its module is imported."""
+    _when_imported("torch._dynamo.backends.registry", _register_backend)
+    _when_imported("torch._inductor.codegen.common", _refuse_in_inductor)

@@ -1,0 +1,203 @@
+"""torch.compile(backend="ipu") against the CPU: inference and training (AOTAutograd's
+forward and backward graphs), replayed without compiling after the first call."""
+from __future__ import annotations
+
+import copy
+from typing import Callable, Dict, Tuple
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+
+import poptorch
+
+Inputs = Callable[[], Tuple[torch.Tensor, ...]]
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Conv2d(8, 8, 3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(8 * 2 * 2, 10))
+
+
+MODELS: Dict[str, Tuple[Callable[[], nn.Module], Inputs]] = {
+    "mlp": (lambda: nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.GELU(),
+                                  nn.Linear(64, 5)),
+            lambda: (torch.randn(8, 20),)),
+    "cnn": (_cnn, lambda: (torch.randn(4, 3, 8, 8),)),
+    "transformer_layer": (lambda: nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0,
+                                                             batch_first=True),
+                          lambda: (torch.randn(2, 7, 32),)),
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _to_ipu(inputs: Tuple[torch.Tensor, ...]) -> Tuple[torch.Tensor, ...]:
+    return tuple(x.to("ipu") for x in inputs)
+
+
+def test_the_backend_is_registered():
+    assert "ipu" in torch._dynamo.list_backends()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_inference_matches_the_cpu_and_replays_without_compiling(name):
+    torch.manual_seed(0)
+    make_model, make_inputs = MODELS[name]
+    model = make_model().eval()
+    compiled = torch.compile(copy.deepcopy(model).to("ipu"), backend="ipu")
+    with torch.no_grad():
+        for call in range(3):
+            inputs = make_inputs()
+            out = compiled(*_to_ipu(inputs))
+            torch.testing.assert_close(out.cpu(), model(*inputs), rtol=1e-5, atol=1e-5)
+            if call == 0:
+                warm = poptorch.metrics()
+    after = poptorch.metrics()
+    assert after["graphs_compiled"] == warm["graphs_compiled"]
+    assert after["dynamo_graphs"] == warm["dynamo_graphs"] == 1
+    assert after["dynamo_replays"] == warm["dynamo_replays"] + 2
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_training_with_an_optimizer_matches_the_cpu(name):
+    torch.manual_seed(0)
+    make_model, make_inputs = MODELS[name]
+    reference = make_model()
+    model = copy.deepcopy(reference).to("ipu")
+    compiled = torch.compile(model, backend="ipu")
+    ipu_optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    cpu_optimizer = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    compiles = []
+    for _ in range(4):
+        inputs = make_inputs()
+        ipu_optimizer.zero_grad()
+        loss = compiled(*_to_ipu(inputs)).square().mean()
+        loss.backward()
+        ipu_optimizer.step()
+        cpu_optimizer.zero_grad()
+        ref_loss = reference(*inputs).square().mean()
+        ref_loss.backward()
+        cpu_optimizer.step()
+        torch.testing.assert_close(loss.cpu(), ref_loss.detach(), rtol=1e-4, atol=1e-5)
+        compiles.append(poptorch.metrics()["graphs_compiled"])
+    for (key, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5, msg=key)
+    # Warm after two steps (the optimiser makes its momentum at the first):
+    # later steps replay and hit the executable cache, compiling nothing.
+    assert compiles[1] == compiles[2] == compiles[3], compiles
+    assert poptorch.metrics()["dynamo_replays"] >= 8  # a forward and a backward per step
+
+
+def test_inputs_of_any_offset_and_strides_replay_the_same_program():
+    weight = torch.randn(6, 6)
+    compiled = torch.compile(lambda x, w: torch.relu(x @ w) + 1, backend="ipu")
+    data = torch.randn(20, 6)
+    data_ipu, weight_ipu = data.to("ipu"), weight.to("ipu")
+    out = compiled(data_ipu[0:4], weight_ipu)
+    torch.testing.assert_close(out.cpu(), torch.relu(data[0:4] @ weight) + 1)
+    compiled_once = poptorch.metrics()["graphs_compiled"]
+    for start in (3, 7, 16):  # views at other offsets of a larger storage
+        out = compiled(data_ipu[start:start + 4], weight_ipu)
+        torch.testing.assert_close(out.cpu(), torch.relu(data[start:start + 4] @ weight) + 1)
+    assert poptorch.metrics()["graphs_compiled"] == compiled_once
+    # Other strides are another layout: captured again, and right.
+    out = compiled(data_ipu[0:6].t(), weight_ipu)
+    torch.testing.assert_close(out.cpu(), torch.relu(data[0:6].t() @ weight) + 1)
+
+
+def test_outputs_that_view_or_mutate_inputs_behave_as_on_the_cpu():
+    def f(x, y):
+        y.add_(1)
+        return x[1:], x * 2
+
+    compiled = torch.compile(f, backend="ipu")
+    for _ in range(2):
+        x, y = torch.randn(5, 3), torch.randn(3)
+        xi, yi = x.to("ipu"), y.to("ipu")
+        view, doubled = compiled(xi, yi)
+        ref_view, ref_doubled = f(x, y)
+        torch.testing.assert_close(yi.cpu(), y)
+        torch.testing.assert_close(view.cpu(), ref_view)
+        torch.testing.assert_close(doubled.cpu(), ref_doubled)
+        assert view.untyped_storage().data_ptr() == xi.untyped_storage().data_ptr()
+
+
+def test_a_graph_break_runs_lazily_between_compiled_graphs():
+    def f(x):
+        y = torch.sin(x) * 2
+        scale = y.sum().item()  # a graph break: the value goes to Python
+        return torch.cos(y) * scale
+
+    compiled = torch.compile(f, backend="ipu")
+    for _ in range(3):
+        x = torch.randn(4, 4)
+        torch.testing.assert_close(compiled(x.to("ipu")).cpu(), f(x), rtol=1e-5, atol=1e-5)
+    # The graph before the break replays; the one after it takes the value read
+    # (dynamo passes it as a float64 cpu tensor once it changes) and runs lazily.
+    metrics = poptorch.metrics()
+    assert metrics["dynamo_graphs"] >= 2 and metrics["dynamo_replays"] >= 3
+
+
+def test_dynamic_shapes_capture_a_program_per_size():
+    compiled = torch.compile(lambda x: (x * x).sum(0), backend="ipu", dynamic=True)
+    for rows in (3, 5, 3, 9):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(compiled(x.to("ipu")).cpu(), (x * x).sum(0))
+    assert poptorch.metrics()["dynamo_graphs"] == 1
+
+
+def test_recompiles_after_a_failed_guard_are_counted():
+    compiled = torch.compile(lambda x: x + 1, backend="ipu", dynamic=False)
+    compiled(torch.zeros(3).to("ipu"))
+    compiled(torch.zeros(3, dtype=torch.int32).to("ipu"))
+    out = compiled(torch.ones(3).to("ipu"))
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 2.0))
+    metrics = poptorch.metrics()
+    assert metrics["dynamo_graphs"] == 2 and metrics["dynamo_recompiles"] == 1
+
+
+def test_random_ops_draw_new_values_on_each_call_and_follow_the_seed():
+    compiled = torch.compile(lambda x: nn.functional.dropout(x, 0.5, training=True),
+                             backend="ipu")
+    x = torch.ones(1000).to("ipu")
+    torch.manual_seed(1)
+    first, second = compiled(x).cpu(), compiled(x).cpu()
+    assert not torch.equal(first, second)
+    torch.manual_seed(1)
+    assert torch.equal(compiled(x).cpu(), first)
+    for out in (first, second):  # kept elements are scaled by 1 / (1 - p)
+        assert set(out.unique().tolist()) <= {0.0, 2.0}
+
+
+def test_a_graph_on_cpu_tensors_runs_as_is():
+    compiled = torch.compile(lambda x, y: x + y.cpu(), backend="ipu")
+    x, y = torch.randn(3), torch.randn(3)
+    out = compiled(x, y.to("ipu"))
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out, x + y)
+
+
+def test_modes_are_accepted_and_unknown_modes_and_options_refused():
+    compiled = torch.compile(lambda x: x * 3, backend="ipu", mode="max-autotune")
+    torch.testing.assert_close(compiled(torch.ones(2).to("ipu")).cpu(), torch.full((2,), 3.0))
+    with pytest.raises(Exception, match="has no mode 'fastest'"):
+        torch.compile(lambda x: x * 4, backend="ipu", mode="fastest")(torch.ones(2).to("ipu"))
+    with pytest.raises(Exception, match="takes no options"):
+        torch.compile(lambda x: x * 5, backend="ipu",
+                      options={"max_autotune": True})(torch.ones(2).to("ipu"))
+
+
+@pytest.mark.slow
+def test_the_default_backend_says_to_use_the_ipu_backend():
+    compiled = torch.compile(lambda x: torch.relu(x) + 1)
+    with pytest.raises(Exception, match='backend="ipu"') as raised:
+        compiled(torch.randn(4).to("ipu"))
+    assert "KeyError" not in str(raised.value)
