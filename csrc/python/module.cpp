@@ -19,6 +19,7 @@
 #include "compiler/executable_lookup.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
+#include "runtime/arena.h"
 #include "runtime/executor.h"
 #include "runtime/program.h"
 #include "runtime/replica_buffers.h"
@@ -226,6 +227,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("max_memory_allocated", &device::maxMemoryAllocated);
   m.def("reset_peak_memory_stats", &device::resetPeakMemoryAllocated);
   m.def("memory_capacity", &device::memoryCapacity);
+  m.def(
+      "idle_arena_bytes", [] { return runtime::ArenaPool::get().idleBytes(); },
+      "Host bytes the runtime keeps for the temporaries of later runs.");
+  m.def(
+      "empty_cache", [] { runtime::ArenaPool::get().clear(); },
+      "Frees the host memory the runtime keeps for the temporaries of later runs.");
   m.def("configure_ipus", &device::configure, py::arg("num_ipus"), py::arg("memory_per_ipu"));
   m.def("set_log_level", &setLogLevel);
   m.def("set_float64_scalars_allowed", &device::setFloat64ScalarsAllowed,

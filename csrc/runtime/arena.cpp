@@ -55,4 +55,13 @@ int64_t ArenaPool::idleBytes() const {
   return idle_bytes_;
 }
 
+void ArenaPool::clear() {
+  std::vector<Block> idle;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle.swap(idle_);
+    idle_bytes_ = 0;
+  }  // freed outside the lock
+}
+
 }  // namespace poptorch::runtime

@@ -54,6 +54,8 @@ class ArenaPool {
   Lease acquire(int64_t nbytes);
 
   int64_t idleBytes() const;
+  // Frees the idle blocks (torch.ipu.empty_cache()).
+  void clear();
 
  private:
   struct Block {
