@@ -113,6 +113,22 @@ def test_inputs_of_any_offset_and_strides_replay_the_same_program():
     torch.testing.assert_close(out.cpu(), torch.relu(data[0:6].t() @ weight) + 1)
 
 
+def test_an_input_never_written_at_the_first_call_is_read_at_later_calls():
+    compiled = torch.compile(lambda x: x * 2, backend="ipu")
+    compiled(torch.empty(4, device="ipu"))  # garbage in, garbage out
+    x = torch.randn(4)
+    torch.testing.assert_close(compiled(x.to("ipu")).cpu(), x * 2)
+
+
+def test_the_same_tensor_twice_and_then_two_tensors():
+    compiled = torch.compile(lambda a, b: a * 2 + b, backend="ipu")
+    x, y = torch.randn(6), torch.randn(6)
+    xi, yi = x.to("ipu"), y.to("ipu")
+    torch.testing.assert_close(compiled(xi, xi).cpu(), x * 3)
+    torch.testing.assert_close(compiled(xi, yi).cpu(), x * 2 + y)
+    torch.testing.assert_close(compiled(yi, yi).cpu(), y * 3)
+
+
 def test_outputs_that_view_or_mutate_inputs_behave_as_on_the_cpu():
     def f(x, y):
         y.add_(1)

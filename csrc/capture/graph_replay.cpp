@@ -75,6 +75,9 @@ std::vector<at::Tensor> GraphReplay::captureInputs(const std::vector<at::Tensor>
   tensors.reserve(inputs.size());
   for (const at::Tensor& t : inputs) {
     TORCH_CHECK(t.is_ipu(), "expected ipu tensors, got one on ", t.device());
+    // Even an input never written is an input: the capture must not take it
+    // for a temporary of its own, as later calls bring values.
+    device::materialize(*t.storage().unsafeGetStorageImpl());
     tensors.push_back(bindable(t) ? t : bindableCopy(t));
   }
   return tensors;
