@@ -81,6 +81,12 @@ def lazy(model: nn.Module, data: Batch, train: bool) -> Runner:
     return _plain_loop(model, data, train, "ipu", lambda f: f)
 
 
+def compile_ipu(model: nn.Module, data: Batch, train: bool) -> Runner:
+    """``torch.compile(backend="ipu")`` of the same step as ``compile``, on the ipu."""
+    import poptorch  # noqa: F401  (registers the ipu device and backend)
+    return _plain_loop(model, data, train, "ipu", lambda f: torch.compile(f, backend="ipu"))
+
+
 def poptorch_mode(model: nn.Module, data: Batch, train: bool) -> Runner:
     """``poptorch.trainingModel`` / ``inferenceModel`` with deviceIterations(16):
     each call consumes the 16 batches of ``data`` at once."""
@@ -110,5 +116,6 @@ def poptorch_mode(model: nn.Module, data: Batch, train: bool) -> Runner:
 
 MODES: Dict[str, Callable[[nn.Module, Batch, bool], Runner]] = {
     "eager": eager, "compile": compile, "lazy": lazy, "poptorch": poptorch_mode,
+    "compile_ipu": compile_ipu,
 }
-IPU_MODES = ("lazy", "poptorch")
+IPU_MODES = ("lazy", "poptorch", "compile_ipu")
