@@ -58,8 +58,11 @@ def ipu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: Option
     if recompile:
         logger.info("torch.compile(backend=\"ipu\"): dynamo compiles a function again (compile "
                     "%s) because a guard failed; TORCH_LOGS=recompiles says which", compile_id)
+    # Inference graphs write their inputs in place (an optimiser's step: the
+    # parameters), rather than return new values for Python to copy back.
     return aot_autograd(fw_compiler=ReplayedGraph, bw_compiler=ReplayedGraph,
-                        inference_compiler=ReplayedGraph)(gm, example_inputs)
+                        inference_compiler=ReplayedGraph,
+                        keep_inference_input_mutations=True)(gm, example_inputs)
 
 
 class ReplayedGraph:

@@ -96,6 +96,41 @@ def test_training_with_an_optimizer_matches_the_cpu(name):
     assert poptorch.metrics()["dynamo_replays"] >= 8  # a forward and a backward per step
 
 
+def _train_step(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_a_whole_compiled_training_step_matches_the_cpu(name):
+    # Dynamo breaks the graph at backward(): the forward and backward graphs and
+    # the optimiser's step (which writes the parameters in place) replay.
+    torch.manual_seed(0)
+    make_model, make_inputs = MODELS[name]
+    reference = make_model()
+    model = copy.deepcopy(reference).to("ipu")
+    ipu_step = torch.compile(_train_step(model), backend="ipu")
+    cpu_step = _train_step(reference)
+    compiles = []
+    for _ in range(4):
+        (x,) = make_inputs()
+        y = torch.randint(0, 5, (x.shape[0],))
+        loss = ipu_step(x.to("ipu"), y.to("ipu"))
+        torch.testing.assert_close(loss.cpu(), cpu_step(x, y).detach(), rtol=1e-4, atol=1e-5)
+        compiles.append(poptorch.metrics()["graphs_compiled"])
+    for (key, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5, msg=key)
+    assert compiles[1] == compiles[2] == compiles[3], compiles
+
+
 def test_inputs_of_any_offset_and_strides_replay_the_same_program():
     weight = torch.randn(6, 6)
     compiled = torch.compile(lambda x, w: torch.relu(x @ w) + 1, backend="ipu")
