@@ -1,5 +1,5 @@
 """Benchmarks: every model in every mode (eager, torch.compile, lazy ipu,
-poptorch) for training and inference, each measured in a fresh subprocess;
+poptorch, torch.compile(backend="ipu")) for training and inference, each measured in a fresh subprocess;
 writes benchmarks/results/latest.{json,md,png} and prints the table.
 
     python benchmarks/run.py                 # full run
