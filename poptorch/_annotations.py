@@ -145,6 +145,18 @@ def capturing_blocks(strategy: _ExecutionStrategy) -> Iterator[_BlockCapture]:
         _local.capture = None
 
 
+@contextlib.contextmanager
+def outside_blocks() -> Iterator[None]:
+    """Ops captured meanwhile on this thread (a step's optimiser update) are
+    in no block: each runs on the IPU whose memory holds its largest input."""
+    _C.begin_placements()
+    _C.end_forward()
+    try:
+        yield
+    finally:
+        _C.end_placements()
+
+
 def _check_id(user_id: Any, ipu_id: Any, what: str) -> None:
     if user_id is not None and not isinstance(user_id, str):
         raise Error(f"{what}: user_id is a string (the block's name), got {user_id!r}")

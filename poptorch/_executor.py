@@ -22,6 +22,7 @@ from . import _C
 from . import _buffers
 from . import _compile_hooks
 from . import _inputs
+from . import _ipu_memory
 from . import _precision
 from . import _precompilation
 from . import _wrapped_model
@@ -223,6 +224,9 @@ class PoplarExecutor(WrapperState):
     def detachFromDevice(self) -> None:
         """Frees the IPU: weights and optimiser state move to the host."""
         self._check_attached("detachFromDevice")
+        self._release_device()
+
+    def _release_device(self) -> None:
         if self._device_optimizer is not None:
             self._device_optimizer.release()  # the host optimiser keeps the state
         self._state.detach()
@@ -381,11 +385,18 @@ class PoplarExecutor(WrapperState):
 
     def _capture(self, progress: Optional[_Progress]) -> None:
         """Captures and compiles the micro-step (and update) programs from the
-        example micro-batch."""
-        with self._lookup_scope():
-            self._capture_programs(progress)
+        example micro-batch. Each IPU's memory is checked once the weights are
+        on their blocks' IPUs."""
+        with self._lookup_scope(), _ipu_memory.deferred_capacity_check():
+            first = self._capture_programs(progress)
+        try:
+            _ipu_memory.check_fits([first, self._update])
+        except Error:
+            self._release_device()
+            raise
 
-    def _capture_programs(self, progress: Optional[_Progress]) -> None:
+    def _capture_programs(self, progress: Optional[_Progress]) -> Any:
+        """Returns the first variant of the micro-step's program."""
         _C.synchronize()
         _precision.keep_running_statistics_float(self._options.Precision, self._model)
         self._state = DeviceState(self._model, id(self), _DEVICE)
@@ -427,6 +438,11 @@ class PoplarExecutor(WrapperState):
                            strategy, anchors, self._capture_seed)
         self._step = step
         first = step.micro_step()
+        # The weights go to their blocks' IPUs before the update is captured:
+        # each update op runs on the IPU of the weight it updates.
+        _ipu_memory.place_weights(
+            first, self._state.tensors.values(), step.accumulators,
+            self._device_optimizer.state if self._device_optimizer else {})
         o = self._options
         check_split(strategy, step.split.stages, step.split.num_ipus, training=self._training,
                     device_iterations=o.device_iterations,
@@ -450,6 +466,7 @@ class PoplarExecutor(WrapperState):
         self._attached = True
         logger.debug("captured the %s step%s", "training" if self._training else "inference",
                      f" and its update ({self._update.num_nodes} nodes)" if self._update else "")
+        return first
 
     # --- running --------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from . import _C
 from . import _buffers
 from . import _precision
 from ._held_parameters import device_parameters
-from ._annotations import Split, capturing_blocks
+from ._annotations import Split, capturing_blocks, outside_blocks
 from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
@@ -114,14 +114,16 @@ class StepCapture:
             self._bind_outputs((outputs, self.anchors.values() if self.anchors else {}))
             del outputs
             program = _C.prepare_program()
-        # (op, block, stage, phase, ipu) of each node of the compiled step
+        # (op, block, stage, phase, ipu) of each node of the compiled step, and
+        # the modelled peak of its temporaries on each IPU
         self.placements = program.placements()
+        self.temporary_peaks = program.temporary_peaks()
         self.variants += 1
         return program
 
     def update(self, scale: float) -> Any:
         """Captures the optimiser update from the accumulators; returns its program."""
-        with self._seeded(), _whole_step_capture():
+        with self._seeded(), _whole_step_capture(), outside_blocks():
             self.optimizer.capture_update(self.accumulators, scale, accumulated=True)
             return _C.prepare_program()
 

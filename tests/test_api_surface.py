@@ -90,10 +90,8 @@ OPTIM = ["Optimizer", "VariableAttributes", "VariableAttributes.isConstant",
 DATA = ["DataLoader.combinedBatchSize", "DataLoader.options", "DataLoader.terminate",
         "AsynchronousDataAccessor.terminate", "AsynchronousDataAccessor.__len__"]
 
-ISSUE_11 = "issue 11 (multi-IPU: annotations and execution strategies)"
 ISSUE_12 = "issue 12 (PopTorch ops, precision, precompilation, profiling)"
 EXPECTED_MISSING = {
-    **{f"poptorch.{name}": ISSUE_11 for name in ("recomputationCheckpoint",)},
     **{f"poptorch.{name}": ISSUE_12 for name in (
         "profiling", "Attribute", "NameScope")},
     **{f"PoplarExecutor.{name}": ISSUE_12 for name in (

@@ -283,7 +283,6 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
   auto lock = PendingGraph::get().lock();
   PendingGraph& pending = PendingGraph::get();
   ir::Node node(op);
-  node.placement = placeCapturedOp(node);
   node.guard = guard;
   node.deterministic = at::globalContext().deterministicAlgorithms();
   node.deterministic_warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();
@@ -308,6 +307,19 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
     node.args.push_back(makeArg(schema.arguments()[i], arguments[i], node, pending));
   }
   drawSeed(node, arguments);
+  node.placement = placeCapturedOp(node, [&] {
+    // Outside the blocks (the optimiser update), an op runs where its largest input lives.
+    int64_t largest = -1;
+    int ipu = 0;
+    for (const c10::IValue& argument : arguments) {
+      forEachTensor(argument, [&](const at::Tensor& t) {
+        if (!t.defined() || !t.is_ipu() || static_cast<int64_t>(t.nbytes()) <= largest) return;
+        largest = static_cast<int64_t>(t.nbytes());
+        ipu = device::accountedIpu(*t.storage().unsafeGetStorageImpl());
+      });
+    }
+    return ipu;
+  });
 
   std::vector<c10::IValue> results;
   results.reserve(meta.returns.size());

@@ -54,17 +54,20 @@ void endForward() {
 
 void endPlacements() { state = ThreadPlacements{}; }
 
-ir::Placement placeCapturedOp(const ir::Node& node) {
+ir::Placement placeCapturedOp(const ir::Node& node, const std::function<int()>& inputs_ipu) {
   if (!state.recording) return {};
   if (std::optional<ir::Placement> backward = backwardPlacement()) return *backward;
-  if (state.in_forward) {
-    auto use = std::find_if(state.uses.begin(), state.uses.end(),
-                            [](const BlockUse& u) { return u.block == state.current.block; });
-    if (use == state.uses.end()) {
-      state.uses.push_back({state.current.block, 1, node.name()});
-    } else {
-      ++use->nodes;
-    }
+  if (!state.in_forward) {
+    ir::Placement outside;
+    outside.ipu = inputs_ipu();
+    return outside;
+  }
+  auto use = std::find_if(state.uses.begin(), state.uses.end(),
+                          [](const BlockUse& u) { return u.block == state.current.block; });
+  if (use == state.uses.end()) {
+    state.uses.push_back({state.current.block, 1, node.name()});
+  } else {
+    ++use->nodes;
   }
   return state.current;
 }

@@ -10,6 +10,7 @@
 // sequence number of the autograd node being run.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,14 +23,16 @@ void beginPlacements();
 // From the next op on, this thread's forward ops belong to `placement`.
 void setBlock(const ir::Placement& placement);
 // The forward has ended: ops that are not the backward of a forward op (the
-// optimiser update, accumulators) are before any block (stage 0, IPU 0).
+// optimiser update, accumulators) are in no block (see placeCapturedOp).
 void endForward();
 // Stops recording placements on this thread.
 void endPlacements();
 
 // The placement of `node`, captured now on this thread (the default outside
 // beginPlacements/endPlacements); counted in forwardBlockUse when forward.
-ir::Placement placeCapturedOp(const ir::Node& node);
+// After the forward, outside the backward, a node is in no block and runs on
+// the IPU `inputs_ipu` names (the IPU of its inputs' memory).
+ir::Placement placeCapturedOp(const ir::Node& node, const std::function<int()>& inputs_ipu);
 
 // Forward nodes captured per block since beginPlacements (by Placement::block),
 // with the first op's name: for the rules on blocks (every op of a model

@@ -92,22 +92,29 @@ void planMemory(Executable& exe) {
 
   // Walk the program as the runtime will: a temporary takes its place at its
   // first use and gives it back after its last. The arena is host memory;
-  // the peak per ipu models what the temporaries would take on each device.
+  // the peak per ipu models what the temporaries would take on each IPU: the
+  // IPU of the block whose node makes them in a model split over IPUs, else
+  // the device of the buffer.
   OffsetAllocator arena;
   exe.arena_offset.assign(num_buffers, -1);
   exe.peak_temporary_bytes.clear();
   std::vector<int64_t> current;
+  std::vector<size_t> ipu_of(num_buffers, 0);
   auto account = [&](ir::BufferId b, int64_t sign) {
-    const auto device = static_cast<size_t>(std::max<int>(0, program.buffers[b].device.index()));
-    if (current.size() <= device) current.resize(device + 1, 0);
-    if (exe.peak_temporary_bytes.size() <= device) exe.peak_temporary_bytes.resize(device + 1, 0);
-    current[device] += sign * program.buffers[b].nbytes;
-    exe.peak_temporary_bytes[device] = std::max(exe.peak_temporary_bytes[device], current[device]);
+    const size_t ipu = ipu_of[b];
+    if (current.size() <= ipu) current.resize(ipu + 1, 0);
+    if (exe.peak_temporary_bytes.size() <= ipu) exe.peak_temporary_bytes.resize(ipu + 1, 0);
+    current[ipu] += sign * program.buffers[b].nbytes;
+    exe.peak_temporary_bytes[ipu] = std::max(exe.peak_temporary_bytes[ipu], current[ipu]);
   };
   for (size_t i = 0; i < program.nodes.size(); ++i) {
-    forEachBuffer(program.nodes[i], [&](ir::BufferId b) {
+    const ir::Node& node = program.nodes[i];
+    forEachBuffer(node, [&](ir::BufferId b) {
       if (!temporary(b) || exe.arena_offset[b] >= 0) return;
       exe.arena_offset[b] = arena.allocate(program.buffers[b].nbytes);
+      ipu_of[b] = static_cast<size_t>(node.placement == ir::Placement{}
+                                          ? std::max<int>(0, program.buffers[b].device.index())
+                                          : node.placement.ipu);
       account(b, +1);
     });
     for (ir::BufferId b : exe.release_after[i]) {

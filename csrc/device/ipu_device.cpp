@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "common/environment.h"
 
@@ -35,6 +36,7 @@ Machine& machine() {
 }
 
 thread_local int current_index = 0;
+thread_local bool capacity_check_deferred = false;
 
 // Owner of one storage's bytes: its reservation on an IPU, host memory once
 // materialised, and the error it is poisoned with. A DataPtr's context.
@@ -54,7 +56,7 @@ void reserve(int index, size_t nbytes) {
   Machine& m = machine();
   const int64_t now =
       m.allocated[index].fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
-  if (now > m.capacity.load()) {
+  if (now > m.capacity.load() && !capacity_check_deferred) {
     m.allocated[index].fetch_sub(static_cast<int64_t>(nbytes));
     TORCH_CHECK_WITH(OutOfMemoryError, false, "IPU out of memory. Tried to allocate ",
                      nbytes / kMiB, " MiB (", nbytes, " bytes) on ipu:", index, ", which has ",
@@ -143,6 +145,24 @@ void configure(int num_ipus, int64_t memory_per_ipu_bytes) {
   m.num_ipus = num_ipus;
   m.capacity = memory_per_ipu_bytes;
 }
+
+void accountOn(c10::StorageImpl& storage, int index) {
+  checkIndex(index);
+  Block* block = blockOf(storage);
+  if (block == nullptr || block->index == index) return;
+  const bool previous = deferCapacityCheck(true);
+  reserve(index, block->nbytes);  // cannot throw: the check is deferred
+  deferCapacityCheck(previous);
+  release(block->index, block->nbytes);
+  block->index = index;
+}
+
+int accountedIpu(const c10::StorageImpl& storage) {
+  const Block* block = blockOf(storage);
+  return block != nullptr ? block->index : std::max<int>(0, storage.device().index());
+}
+
+bool deferCapacityCheck(bool deferred) { return std::exchange(capacity_check_deferred, deferred); }
 
 void checkIndex(int index) {
   TORCH_CHECK_INDEX(index >= 0 && index < deviceCount(), "ipu:", index,

@@ -22,6 +22,18 @@ void resetPeakMemoryAllocated(int index);
 // Throws if any ipu memory is allocated: the machine cannot change under live tensors.
 void configure(int num_ipus, int64_t memory_per_ipu_bytes);
 
+// Accounts `storage`'s bytes to ipu:`index` instead of the IPU that holds them
+// (the weights of a block live on the block's IPU); the storage's device does
+// not change. The capacity is not checked: the caller checks each IPU's total.
+void accountOn(c10::StorageImpl& storage, int index);
+// The IPU whose memory holds `storage` (its device's unless accountOn moved it).
+int accountedIpu(const c10::StorageImpl& storage);
+
+// Whether this thread's reservations may exceed an IPU's capacity; returns the
+// previous setting. A wrapped model's weights are allocated before the blocks
+// that place them over the IPUs are known, and each IPU is checked once they are.
+bool deferCapacityCheck(bool deferred);
+
 // Throws an IndexError naming the valid range when `index` is not a device.
 void checkIndex(int index);
 c10::Device ipu(int index);

@@ -248,7 +248,25 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("num_nodes", &runtime::Program::numNodes)
       .def("placements", &nodePlacements,
-           "(op, block, stage, phase, ipu) of each node of the compiled program.");
+           "(op, block, stage, phase, ipu) of each node of the compiled program.")
+      .def("temporary_peaks", &runtime::Program::peakTemporaryBytes,
+           "Modelled peak bytes of temporaries, per IPU.")
+      .def(
+          "ipu_of_first_use",
+          [](const runtime::Program& program, const at::Tensor& tensor) {
+            return program.ipuOfFirstUse(tensor.storage().unsafeGetStorageImpl());
+          },
+          "The IPU of the first node using the tensor's storage (-1: unused).");
+  m.def(
+      "account_on",
+      [](const at::Tensor& tensor, int ipu) {
+        device::accountOn(*tensor.storage().unsafeGetStorageImpl(), ipu);
+      },
+      py::arg("tensor"), py::arg("ipu"),
+      "Counts the tensor's storage in the memory of ipu `ipu` (its device is unchanged).");
+  m.def("defer_capacity_check", &device::deferCapacityCheck, py::arg("deferred"),
+        "Whether this thread's ipu allocations may exceed an IPU's capacity; returns the "
+        "previous setting.");
   m.def("begin_placements", &capture::beginPlacements,
         "Records the block of each op this thread captures (a multi-IPU model's step).");
   m.def(

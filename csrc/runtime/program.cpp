@@ -112,6 +112,19 @@ std::exception_ptr Program::execute(uint64_t seed_salt, OnError on_error) const 
   return error;
 }
 
+int Program::ipuOfFirstUse(const c10::StorageImpl* storage) const {
+  auto uses = [&](ir::BufferId b) { return external_[b] == storage; };
+  for (const ir::Node& node : executable_->program.nodes) {
+    const bool used = std::any_of(node.inputs.begin(), node.inputs.end(),
+                                  [&](const ir::TensorRef& in) { return uses(in.buffer); }) ||
+                      std::any_of(node.writes.begin(), node.writes.end(), uses) ||
+                      std::any_of(node.outputs.begin(), node.outputs.end(),
+                                  [&](const ir::TensorRef& out) { return uses(out.buffer); });
+    if (used) return node.placement.ipu;
+  }
+  return -1;
+}
+
 void Program::checkTemporaryMemory() const {
   // Temporaries must fit beside what the IPU already holds, as on hardware.
   const auto& peaks = executable_->peak_temporary_bytes;

@@ -51,6 +51,13 @@ class Program {
   size_t numNodes() const { return executable_->program.nodes.size(); }
   // The optimised program this runs.
   const ir::Graph& compiledGraph() const { return executable_->program; }
+  // Modelled peak of temporary memory, per IPU.
+  const std::vector<int64_t>& peakTemporaryBytes() const {
+    return executable_->peak_temporary_bytes;
+  }
+  // The IPU of the first node that uses `storage` (in a model split over IPUs,
+  // the IPU of that node's block), or -1 when no node uses it.
+  int ipuOfFirstUse(const c10::StorageImpl* storage) const;
   // True when the program is specialised on values read while capturing: a
   // run may then throw GuardFailure, having changed nothing.
   bool hasGuards() const { return executable_->has_guards; }

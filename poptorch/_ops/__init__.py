@@ -1,6 +1,6 @@
 """PopTorch's ops (the user guide's "PopTorch ops"): each is a module of its own."""
-from .annotations import (MultiConv, nop, serializedMatMul, set_available_memory,
-                          set_overlap_for_input, set_overlap_for_output)
+from .annotations import (MultiConv, nop, recomputationCheckpoint, serializedMatMul,
+                          set_available_memory, set_overlap_for_input, set_overlap_for_output)
 from .control_flow import cond, for_loop
 from .ctc_decoder import ctc_beam_search_decoder
 from .custom import custom_op
@@ -11,5 +11,5 @@ from .slicing import dynamic_slice, dynamic_update
 
 __all__ = ["CPU", "MultiConv", "cond", "ctc_beam_search_decoder", "custom_op", "dynamic_slice",
            "dynamic_update", "for_loop", "fps", "ipu_print_tensor", "nearest", "nop",
-           "serializedMatMul", "set_available_memory", "set_overlap_for_input",
-           "set_overlap_for_output"]
+           "recomputationCheckpoint", "serializedMatMul", "set_available_memory",
+           "set_overlap_for_input", "set_overlap_for_output"]

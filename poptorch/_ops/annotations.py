@@ -114,6 +114,24 @@ def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor, mode: MatMulSerializa
     return torch.matmul(lhs, rhs)
 
 
+def recomputationCheckpoint(*tensors: Any) -> Any:
+    """Marks ``tensors`` (one or more, or one list/tuple of them) as values a
+    pipeline stage keeps between its forward and backward passes when
+    recomputation is enabled, and returns them (a tuple for several). The
+    emulator does not recompute (as PopTorch without recomputation enabled):
+    the values and the modelled memory are those of the plain model."""
+    sequence = len(tensors) == 1 and isinstance(tensors[0], (list, tuple))
+    values = tensors[0] if sequence else tensors
+    for tensor in values:
+        if not isinstance(tensor, torch.Tensor):
+            raise Error(f"recomputationCheckpoint takes tensors, got {type(tensor).__name__}")
+    if values:
+        _log_once("poptorch.recomputationCheckpoint", "it recomputes nothing")
+    if sequence:
+        return type(values)(values)
+    return values[0] if len(values) == 1 else tuple(values)
+
+
 def _per_conv(name: str, value: Any, kind: type) -> Optional[tuple]:
     """``value`` for every convolution (one value) or per convolution (a list)."""
     if value is None:

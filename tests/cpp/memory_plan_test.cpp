@@ -40,6 +40,19 @@ TEST(MemoryPlan, TemporariesAliveTogetherDoNotShareBytes) {
   EXPECT_EQ(exe->peak_temporary_bytes, std::vector<int64_t>{512});
 }
 
+TEST(MemoryPlan, TemporariesCountOnTheIpuOfTheBlockThatMakesThem) {
+  GraphBuilder b;
+  const auto x = b.buffer(64, true);
+  const auto t1 = b.buffer(64);
+  const auto t2 = b.buffer(64);
+  const auto out = b.buffer(64, false, true);
+  b.square(x, t1).placement = {0, 0, 0, 1};  // t1 made on ipu 1
+  b.square(t1, t2).placement = {1, 1, 0, 3};  // t2 on ipu 3, while t1 is alive
+  b.add(t2, t1, out).placement = {1, 1, 0, 3};
+  const auto exe = compiler::compile(b.graph, 1);
+  EXPECT_EQ(exe->peak_temporary_bytes, (std::vector<int64_t>{0, 256, 0, 256}));
+}
+
 TEST(Compiler, GuardedWritesAreTheExternalWritesBeforeTheLastGuard) {
   GraphBuilder b;
   const auto stats = b.buffer(4, true, true);
