@@ -1,5 +1,6 @@
-"""The four benchmark models and their data: random tensors made once with a
-fixed seed, integer class labels, no downloads."""
+"""The benchmark models and their data: random tensors (token ids for the
+Hugging Face models) made once with a fixed seed, integer class labels, no
+downloads (the Hugging Face models are built from configs, with random weights)."""
 from __future__ import annotations
 
 import sys
@@ -68,11 +69,52 @@ def mlp() -> nn.Module:
                          nn.Linear(256, NUM_CLASSES))
 
 
+class HuggingFaceClassifier(nn.Module):
+    """A Hugging Face sequence classifier, returning its logits."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids).logits
+
+
+# Issue 13's size for both: hidden 256, 4 layers, 4 heads, sequence 128 (batch 8);
+# vocabularies and everything else are the models' defaults.
+HF_SEQUENCE = 128
+
+
+def bert() -> nn.Module:
+    import transformers
+    config = transformers.BertConfig(hidden_size=256, num_hidden_layers=4,
+                                     num_attention_heads=4, intermediate_size=1024,
+                                     num_labels=NUM_CLASSES)
+    return HuggingFaceClassifier(transformers.BertForSequenceClassification(config))
+
+
+def gpt2() -> nn.Module:
+    import transformers
+    # Classification reads the last token before padding: the pad id is the
+    # last of the vocabulary, which the data never uses.
+    config = transformers.GPT2Config(n_embd=256, n_layer=4, n_head=4, n_positions=HF_SEQUENCE,
+                                     num_labels=NUM_CLASSES)
+    config.pad_token_id = config.vocab_size - 1
+    return HuggingFaceClassifier(transformers.GPT2ForSequenceClassification(config))
+
+
+def _vocabulary(name: str) -> int:
+    import transformers
+    config = transformers.BertConfig() if name == "bert" else transformers.GPT2Config()
+    return config.vocab_size - 1  # ids below it: never GPT-2's pad id above
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     build: Callable[[], nn.Module]
     batch: int
     input_shape: Tuple[int, ...]  # one sample, without the batch dimension
+    token_ids: bool = False  # inputs are token ids of the model's vocabulary
 
 
 MODELS: Dict[str, ModelSpec] = {
@@ -80,6 +122,8 @@ MODELS: Dict[str, ModelSpec] = {
     "cnn": ModelSpec(ClassificationModel, 16, (1, 28, 28)),
     "transformer": ModelSpec(TransformerClassifier, 8, (64, 128)),
     "resnet8": ModelSpec(resnet8, 32, (3, 32, 32)),
+    "bert": ModelSpec(bert, 8, (HF_SEQUENCE,), token_ids=True),
+    "gpt2": ModelSpec(gpt2, 8, (HF_SEQUENCE,), token_ids=True),
 }
 
 
@@ -93,7 +137,10 @@ def make_data(name: str, batches: int) -> Tuple[torch.Tensor, torch.Tensor]:
     spec = MODELS[name]
     generator = torch.Generator().manual_seed(DATA_SEED)
     rows = batches * spec.batch
-    x = torch.randn((rows, *spec.input_shape), generator=generator)
+    if spec.token_ids:
+        x = torch.randint(0, _vocabulary(name), (rows, *spec.input_shape), generator=generator)
+    else:
+        x = torch.randn((rows, *spec.input_shape), generator=generator)
     y = torch.randint(0, NUM_CLASSES, (rows,), generator=generator)
     return x, y
 

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-MODEL_NAMES = ["mlp", "cnn", "transformer", "resnet8"]
+MODEL_NAMES = ["mlp", "cnn", "transformer", "resnet8", "bert", "gpt2"]
 MODE_NAMES = ["eager", "compile", "lazy", "poptorch", "compile_ipu"]
 TASK_NAMES = ["train", "infer"]
 BUSY_CORES = 0.3  # other processes' load (in cores) above which a measurement is retried
