@@ -99,9 +99,15 @@ def _join(process_id: int, num_processes: int, timeout: float) -> None:
                 "torch.distributed.init_process_group() before wrapping the model")
         logger.info("process %d of %d: joining the others at %s:%s", process_id, num_processes,
                     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
-        dist.init_process_group("gloo", init_method="env://", rank=process_id,
-                                world_size=num_processes,
-                                timeout=datetime.timedelta(seconds=timeout))
+        wait = datetime.timedelta(seconds=timeout)
+        store, _, _ = next(dist.rendezvous("env://", process_id, num_processes, timeout=wait))
+        # torchrun keeps one store across restarts (--max-restarts): without a
+        # prefix per attempt, gloo could read the addresses of the processes of
+        # the attempt that failed, and refuse to connect.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"poptorch/attempt_{attempt}",
+                                                               store),
+                                rank=process_id, world_size=num_processes, timeout=wait)
     rank, size = dist.get_rank(), dist.get_world_size()
     if (rank, size) != (process_id, num_processes):
         raise Error(f"Options.Distributed says process {process_id} of {num_processes}, but "
