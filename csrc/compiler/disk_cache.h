@@ -1,8 +1,9 @@
 // Executables on disk (POPTORCH_CACHE_DIR, Options.enableExecutableCaching):
 // one file per graph structure and build, so that a process compiles nothing
 // that another one compiled before. Several processes may share a directory:
-// a file is written whole under a temporary name, flushed to disk, then renamed
-// into place, so a reader sees an old entry, a new one, or none.
+// a file is written whole under a temporary name, then renamed into place, so a
+// reader sees an old entry, a new one, or none (and one torn by a crash fails its
+// checksum: it is compiled again).
 #pragma once
 
 #include <cstdint>
