@@ -52,22 +52,26 @@ def run(code, **env):
 
 
 def cpu_training(steps):
-    """The CPU reference of the training processes below: losses per step and
-    the final weights."""
+    """The CPU reference of the training processes below: losses per step, the
+    final weights, and the eval-mode outputs for data(99) after each step."""
     namespace = {}
     exec(COMMON, namespace)  # pylint: disable=exec-used
     torch.manual_seed(0)
     model = namespace["Net"]()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
-    losses = []
+    losses, outputs = [], []
     for step in range(steps):
+        model.train()
         x, y = namespace["data"](step)
         optimizer.zero_grad()
         _, loss = model(x, y)
         loss.backward()
         optimizer.step()
         losses.append(loss.detach())
-    return losses, model.state_dict()
+        model.eval()
+        with torch.no_grad():
+            outputs.append(model(namespace["data"](99)[0]))
+    return losses, model.state_dict(), outputs
 
 
 def test_training_goes_on_in_another_process_from_the_saved_weights_and_state(tmp_path):
@@ -113,7 +117,7 @@ def test_training_goes_on_in_another_process_from_the_saved_weights_and_state(tm
     for a, b in zip(expected["noisy_losses"], loaded["noisy_losses"]):
         assert torch.equal(a, b)
     # And the run as a whole trains like the CPU.
-    cpu_losses, cpu_weights = cpu_training(5)
+    cpu_losses, cpu_weights, _ = cpu_training(5)
     torch.testing.assert_close(torch.stack(expected["losses"]), torch.stack(cpu_losses),
                                rtol=1e-4, atol=1e-5)
     for name, value in cpu_weights.items():
@@ -207,23 +211,11 @@ def test_precompiled_training_and_validation_models_reconnect_as_in_poptorch(tmp
     metrics = json.loads(result.stdout.splitlines()[-1])
     assert metrics["graphs_compiled"] == 0 and metrics["executables_loaded"] > 0, metrics
     loaded = torch.load(tmp_path / "loaded.pt")
-    # The CPU: the same training, validating after each step.
-    namespace = {}
-    exec(COMMON, namespace)  # pylint: disable=exec-used
-    torch.manual_seed(0)
-    model = namespace["Net"]()
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
-    for step in range(5):
-        model.train()
-        optimizer.zero_grad()
-        _, loss = model(*namespace["data"](step))
-        loss.backward()
-        optimizer.step()
-        torch.testing.assert_close(loaded["losses"][step], loss.detach(), rtol=1e-4, atol=1e-5)
-        model.eval()
-        with torch.no_grad():
-            torch.testing.assert_close(loaded["outputs"][step], model(namespace["data"](99)[0]),
-                                       rtol=1e-4, atol=1e-5)
+    cpu_losses, _, cpu_outputs = cpu_training(5)  # validating after each step
+    torch.testing.assert_close(torch.stack(loaded["losses"]), torch.stack(cpu_losses),
+                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.stack(loaded["outputs"]), torch.stack(cpu_outputs),
+                               rtol=1e-4, atol=1e-5)
 
 
 # --- in one process: what the files must refuse --------------------------------
