@@ -11,6 +11,7 @@ import torch._dynamo
 from torch import nn
 
 import poptorch
+from conftest import train_beside_the_cpu
 
 Inputs = Callable[[], Tuple[torch.Tensor, ...]]
 
@@ -252,3 +253,33 @@ def test_the_default_backend_says_to_use_the_ipu_backend():
     with pytest.raises(Exception, match='backend="ipu"') as raised:
         compiled(torch.randn(4).to("ipu"))
     assert "KeyError" not in str(raised.value)
+
+
+# Not a compiled submodule: trainingModel would see its parameters under two names.
+_compiled_call = torch.compile(lambda module, x: module(x), backend="ipu")
+
+
+class _CompiledInside(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor = None):
+        out = self.head(_compiled_call(self.inner, x))
+        return out if y is None else (out, nn.functional.cross_entropy(out, y))
+
+
+def test_a_compiled_module_inside_a_wrapped_model_joins_its_step():
+    torch.manual_seed(0)
+    model = _CompiledInside()
+    reference = copy.deepcopy(model)
+    inference = poptorch.inferenceModel(model)
+    for _ in range(2):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(inference(x), reference.head(reference.inner(x)))
+    assert poptorch.metrics()["dynamo_graphs"] >= 1
+    inference.destroy()
+    train_beside_the_cpu(_CompiledInside(),
+                         [(torch.randn(4, 8), torch.randint(0, 3, (4,))) for _ in range(3)],
+                         loss_of=lambda out: out[1])
