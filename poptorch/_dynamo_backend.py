@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
+from collections import OrderedDict
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -81,7 +82,9 @@ class ReplayedGraph:
         # Non-tensor arguments (symbolic sizes under dynamic shapes): each set
         # of values is a graph of its own.
         self._scalars = [i for i, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)]
-        self._replays: Dict[Tuple[Any, ...], _Replay] = {}
+        # Least recently used first; at most as many as the executable cache keeps
+        # (a loop over ever new sizes would otherwise hold every program).
+        self._replays: "OrderedDict[Tuple[Any, ...], _Replay]" = OrderedDict()
 
     def __call__(self, args: List[Any]) -> Any:
         if self._lazy_reason:
@@ -92,6 +95,10 @@ class ReplayedGraph:
         replay = self._replays.get(key)
         if replay is None:
             replay = self._replays[key] = _Replay()
+            while len(self._replays) > max(1, _C.executable_cache_capacity()):
+                self._replays.popitem(last=False)
+        else:
+            self._replays.move_to_end(key)
         tensors = [a for a in args if isinstance(a, torch.Tensor)] if self._scalars else args
         outputs = replay.graph.run(tensors)
         if outputs is None:

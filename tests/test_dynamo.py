@@ -206,6 +206,20 @@ def test_dynamic_shapes_capture_a_program_per_size():
     assert poptorch.metrics()["dynamo_graphs"] == 1
 
 
+def test_sizes_beyond_the_executable_cache_capacity_are_captured_again():
+    compiled = torch.compile(lambda x: x * 2, backend="ipu", dynamic=True)
+    capacity = poptorch._C.executable_cache_capacity()
+    poptorch.set_executable_cache_size(2)
+    try:
+        for rows in (2, 3, 4, 2, 5, 2):
+            x = torch.randn(rows)
+            torch.testing.assert_close(compiled(x.to("ipu")).cpu(), x * 2)
+    finally:
+        poptorch.set_executable_cache_size(capacity)
+    # Two programs are kept: 4 evicts 2, which is captured again; its last call replays.
+    assert poptorch.metrics()["graphs_compiled"] == 5
+
+
 def test_recompiles_after_a_failed_guard_are_counted():
     compiled = torch.compile(lambda x: x + 1, backend="ipu", dynamic=False)
     compiled(torch.zeros(3).to("ipu"))
