@@ -1,5 +1,7 @@
 #include "compiler/out_variants.h"
 
+#include <absl/container/flat_hash_map.h>
+
 #include <algorithm>
 #include <string>
 #include <unordered_map>
@@ -8,18 +10,16 @@
 namespace poptorch::compiler {
 namespace {
 
-// The overload names of every registered op, by op name. The dispatcher
-// lists operators only as a whole, so this index is built once, at the first
-// lookup (the aten ops are all registered by then).
-const std::unordered_map<std::string, std::vector<std::string>>& overloadsByName() {
-  static const auto index = [] {
-    std::unordered_map<std::string, std::vector<std::string>> overloads;
-    for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
-      overloads[name.name].push_back(name.overload_name);
-    }
-    return overloads;
-  }();
-  return index;
+// Structured ops, functional overload ("add.Tensor") -> out= overload ("out"). Their out=
+// kernel, given an empty out tensor, does exactly what the functional kernel does (one meta
+// function sizes the result, one kernel fills it). Hand-written out= kernels promise no such
+// thing: binary_cross_entropy.out uses its out tensor as scratch and, given a result-shaped
+// one, returns a wrong value.
+const absl::flat_hash_map<std::string, std::string>& structuredOutOverloads() {
+  static const absl::flat_hash_map<std::string, std::string> table = {
+#include "structured_out_variants.inc"
+  };
+  return table;
 }
 
 // True if `out` is `functional` with one trailing out= Tensor argument.
@@ -43,19 +43,20 @@ bool isOutFormOf(const c10::FunctionSchema& out, const c10::FunctionSchema& func
 
 std::optional<c10::OperatorHandle> outVariantOf(const c10::OperatorHandle& op) {
   const c10::FunctionSchema& schema = op.schema();
+  const c10::OperatorName& name = op.operator_name();
   if (schema.is_mutable() || schema.returns().size() != 1 ||
-      schema.returns()[0].type()->kind() != c10::TypeKind::TensorType) {
+      schema.returns()[0].type()->kind() != c10::TypeKind::TensorType ||
+      name.name.rfind("aten::", 0) != 0) {
     return std::nullopt;
   }
-  const auto& index = overloadsByName();
-  const auto overloads = index.find(schema.name());
-  if (overloads == index.end()) return std::nullopt;
-  for (const std::string& overload : overloads->second) {
-    auto handle = c10::Dispatcher::singleton().findSchema({schema.name(), overload});
-    if (handle && handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
-        isOutFormOf(handle->schema(), schema)) {
-      return handle;
-    }
+  std::string key = name.name.substr(6);
+  if (!name.overload_name.empty()) key += "." + name.overload_name;
+  const auto found = structuredOutOverloads().find(key);
+  if (found == structuredOutOverloads().end()) return std::nullopt;
+  auto handle = c10::Dispatcher::singleton().findSchema({name.name, found->second});
+  if (handle && handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+      isOutFormOf(handle->schema(), schema)) {
+    return handle;
   }
   return std::nullopt;
 }

@@ -9,9 +9,8 @@
 
 namespace poptorch::compiler {
 
-// The out= overload of a functional op with one Tensor result, when the CPU
-// has a kernel of its own for it (not the generated one that runs the
-// functional op and copies its result).
+// The out= overload of a functional op with one Tensor result, when the op is
+// structured (both forms are one CPU kernel) and the CPU has a kernel for it.
 std::optional<c10::OperatorHandle> outVariantOf(const c10::OperatorHandle& op);
 
 // Fills exe.out_variant: the nodes whose result the runtime has the kernel

@@ -6,6 +6,7 @@
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
 #include <ATen/record_function.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/TensorImpl.h>
 
@@ -24,11 +25,13 @@ void releaseIpuStorage(void* context) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(context));
 }
 
-// A CPU storage over `nbytes` at `data` that does not own them.
+// A CPU storage over `nbytes` at `data` that does not own them. Kernels may
+// resize what they write (see Run::settle): growing it moves it to memory of
+// its own, from the CPU allocator.
 c10::Storage borrowedHostStorage(void* data, size_t nbytes) {
   return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
-                      c10::DataPtr(data, c10::Device(c10::kCPU)),
-                      /*allocator=*/nullptr, /*resizable=*/false);
+                      c10::DataPtr(data, c10::Device(c10::kCPU)), c10::GetCPUAllocator(),
+                      /*resizable=*/true);
 }
 
 at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref, c10::IntArrayRef strides) {
@@ -43,6 +46,14 @@ at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref, c10::In
 
 at::Tensor viewOf(const c10::Storage& storage, const ir::TensorRef& ref) {
   return viewOf(storage, ref, ref.strides);
+}
+
+// True if `t` is the view `ref` with `strides`: the same elements, read the
+// same way (kernels may leave a result lazily conjugated, linalg_lu_solve).
+bool hasLayout(const at::Tensor& t, const ir::TensorRef& ref, c10::IntArrayRef strides) {
+  return t.scalar_type() == ref.dtype && t.storage_offset() == ref.offset &&
+         t.sizes().equals(ref.sizes) && t.strides().equals(strides) && t.is_conj() == ref.conj &&
+         t.is_neg() == ref.neg;
 }
 
 // For random ops without a generator argument: the default generator runs
@@ -204,6 +215,7 @@ class Run {
     if (out_variant) stack_.push_back(output(node.outputs[0]));
     const c10::OperatorHandle& op = out_variant ? *out_variant : node.op;
     const DeterministicAlgorithmsAsCalled deterministic(source);
+    noteWritten(node, op);
     try {
       if (source.seed && node.generator_arg >= 0) {
         stack_[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(seedOf(source));
@@ -218,6 +230,7 @@ class Run {
       failure.node = node.source_index;
       throw;
     }
+    for (const Written& w : written_) settle(w);
 
     if (node.guard == ir::Guard::kShape) checkObserved(node, source);
     // An out= kernel has written its result in place; other results are placed.
@@ -288,10 +301,75 @@ class Run {
     return viewOf(storage, ref);
   }
 
-  // Where an out= kernel writes the result `ref`.
+  // Where a structured out= kernel writes the result `ref`: an empty tensor on
+  // its buffer, as the functional kernel starts, which the kernel sizes.
   at::Tensor output(const ir::TensorRef& ref) {
     channels_last_[ref.buffer] = false;
-    return viewOf(storageOf(ref.buffer), ref);
+    at::Tensor out = viewOf(storageOf(ref.buffer), ref);
+    out.unsafeGetTensorImpl()->set_sizes_contiguous({0});
+    return out;
+  }
+
+  // A tensor a kernel writes as an out= argument, where capture placed its
+  // result, and the bytes it had before the call.
+  struct Written {
+    at::Tensor tensor;
+    const ir::TensorRef* ref;
+    const void* data;
+    size_t nbytes;
+  };
+
+  void noteWritten(const ir::Node& node, const c10::OperatorHandle& op) {
+    written_.clear();
+    const auto& arguments = op.schema().arguments();
+    auto note = [&](const at::Tensor& tensor, const ir::TensorRef& ref) {
+      const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+      written_.push_back({tensor, &ref, storage->data(), storage->nbytes()});
+    };
+    for (size_t a = 0; a < arguments.size(); ++a) {
+      if (!arguments[a].is_out()) continue;
+      if (a == node.args.size()) {  // the out= argument of the chosen out variant
+        note(stack_[a].toTensor(), node.outputs[0]);
+        continue;
+      }
+      const ir::Arg& arg = node.args[a];
+      if (arg.kind == ir::ArgKind::kTensor) {
+        note(stack_[a].toTensor(), node.inputs[arg.refs[0]]);
+      } else if (arg.kind == ir::ArgKind::kTensorList) {
+        const auto& list = stack_[a].toListRef();
+        for (size_t e = 0; e < list.size(); ++e) {
+          if (arg.refs[e] >= 0) note(list[e].toTensor(), node.inputs[arg.refs[e]]);
+        }
+      }
+    }
+  }
+
+  // Kernels may resize what they write: resize_output() of an out= argument,
+  // or a structured kernel that sizes its result through intermediate shapes
+  // (mse_loss). Growing past the buffer moves the storage to new memory, and any
+  // resize may change the strides: the result then goes back into the buffer,
+  // in the layout capture promised, and the storage gets its bytes back.
+  void settle(const Written& w) {
+    const ir::TensorRef& ref = *w.ref;
+    c10::StorageImpl* storage = w.tensor.storage().unsafeGetStorageImpl();
+    const bool moved = storage->data() != w.data;
+    if (!moved && hasLayout(w.tensor, ref, ref.strides)) return;
+    TORCH_CHECK(w.tensor.sizes().equals(ref.sizes), "the host kernel resized a result to ",
+                w.tensor.sizes(), " where its Meta kernel predicted ", c10::IntArrayRef(ref.sizes),
+                "; this op cannot run on the ipu.");
+    at::Tensor result;
+    if (moved) {
+      c10::DataPtr fresh =
+          storage->set_data_ptr(c10::DataPtr(const_cast<void*>(w.data), c10::Device(c10::kCPU)));
+      const size_t fresh_nbytes = storage->nbytes();
+      storage->set_nbytes(w.nbytes);
+      result = viewOf(c10::Storage(c10::Storage::use_byte_size_t(), fresh_nbytes, std::move(fresh),
+                                   /*allocator=*/nullptr, /*resizable=*/false),
+                      ir::TensorRef::of(w.tensor, ref.buffer));
+    } else {
+      result = w.tensor.clone();  // the same bytes in another layout
+    }
+    viewOf(storageOf(ref.buffer), ref).copy_(result);
   }
 
   // Some CPU kernels silently assume that all their 4-D inputs share one
@@ -361,8 +439,7 @@ class Run {
   // layout `strides` and does not alias one of the node's inputs.
   bool adoptable(const ir::Node& node, const ir::TensorRef& ref, const at::Tensor& result,
                  c10::IntArrayRef strides) const {
-    if (result.scalar_type() != ref.dtype || result.storage_offset() != ref.offset ||
-        !result.sizes().equals(ref.sizes) || !result.strides().equals(strides) ||
+    if (!hasLayout(result, ref, strides) ||
         static_cast<int64_t>(result.storage().nbytes()) < exe_.program.buffers[ref.buffer].nbytes) {
       return false;
     }
@@ -426,6 +503,7 @@ class Run {
   uint64_t seed_salt_;
   ArenaPool::Lease arena_;
   torch::jit::Stack stack_;
+  std::vector<Written> written_;  // by the current node
 };
 
 }  // namespace

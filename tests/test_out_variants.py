@@ -1,0 +1,89 @@
+"""Results written through out= kernels: the compiler's own choice (structured kernels, handed
+an empty out tensor as the functional form starts) and the user's out= arguments, which a
+kernel may resize. Values and strides compared with the CPU."""
+import copy
+
+import pytest
+import torch
+
+import poptorch
+from conftest import assert_same
+
+LOSSES = {
+    "MSELoss": torch.nn.MSELoss,
+    "HuberLoss": torch.nn.HuberLoss,
+    "SmoothL1Loss": torch.nn.SmoothL1Loss,
+    "BCELoss": torch.nn.BCELoss,
+}
+
+
+def loss_inputs():
+    g = torch.Generator().manual_seed(0)
+    return torch.rand(3, 4, generator=g), torch.rand(3, 4, generator=g)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("name", LOSSES)
+def test_losses_and_their_gradients_match_the_cpu(name, reduction):
+    loss = LOSSES[name](reduction=reduction)
+    x, y = loss_inputs()
+    results = {}
+    for device in ("cpu", "ipu"):
+        xd = x.to(device, copy=True).requires_grad_()
+        value = loss(xd, y.to(device))
+        value.backward(torch.ones_like(value))
+        results[device] = (value, xd.grad)
+    assert_same(results["cpu"][0], results["ipu"][0])
+    assert_same(results["cpu"][1], results["ipu"][1])
+
+
+class Regressor(torch.nn.Module):
+    def __init__(self, loss):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.loss = loss
+
+    def forward(self, x, y):
+        out = torch.sigmoid(self.linear(x))
+        return out, self.loss(out, y)
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_losses_train_under_training_model_like_the_cpu(name):
+    torch.manual_seed(0)
+    model = Regressor(LOSSES[name]())
+    reference = copy.deepcopy(model)
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(),
+                                                                        lr=0.1))
+    cpu_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x, y = loss_inputs()
+    for _ in range(3):
+        _, loss = training(x, y)
+        cpu_optimizer.zero_grad()
+        expected = reference(x, y)[1]
+        expected.backward()
+        cpu_optimizer.step()
+        torch.testing.assert_close(loss, expected.detach())
+    training.detachFromDevice()
+    torch.testing.assert_close(model.linear.weight.detach().cpu(), reference.linear.weight.detach())
+
+
+def test_a_user_out_tensor_the_kernel_resizes_gets_the_cpu_value_and_shape():
+    """binary_cross_entropy.out resizes its out tensor to the input's shape and back (and gives
+    a value that differs from the functional form's): the ipu does as the CPU does."""
+    x, y = loss_inputs()
+    results = {}
+    for device in ("cpu", "ipu"):
+        out = torch.empty((), device=device)
+        torch.ops.aten.binary_cross_entropy.out(x.to(device), y.to(device), None, 1, out=out)
+        results[device] = out.cpu()
+    torch.testing.assert_close(results["ipu"], results["cpu"])
+
+
+def test_a_user_out_tensor_that_grows_keeps_its_value_on_the_ipu():
+    x = torch.randn(4, 5)
+    cpu_out, ipu_out = torch.empty(0), torch.empty(0, device="ipu")
+    torch.mm(x, x.t(), out=cpu_out)
+    torch.mm(x.to("ipu"), x.t().to("ipu"), out=ipu_out)
+    assert ipu_out.shape == cpu_out.shape and ipu_out.stride() == cpu_out.stride()
+    assert_same(cpu_out, ipu_out)
