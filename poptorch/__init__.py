@@ -12,8 +12,7 @@ import torch
 
 from . import _C
 from . import _ops
-from . import _device_module
-from . import _dynamo_backend
+from . import _cpu_defaults, _device_module, _dynamo_backend, _fake_cpu
 from . import _grad_scaler
 from . import _serialization
 from . import autocasting
@@ -44,6 +43,8 @@ torch._register_device_module("ipu", _device_module)
 _serialization.install()
 _grad_scaler.install()
 _dynamo_backend.install()
+_C.set_fake_cpu_inference(_fake_cpu.python_meta_ops(), _fake_cpu.fake, _fake_cpu.run)
+_cpu_defaults.adopt()
 
 # The autograd engine sizes its per-device worker queues once, at the first
 # backward: if that ran before this import, the ipu has no queue and backward

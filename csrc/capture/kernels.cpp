@@ -2,7 +2,9 @@
 // (factories, views, resizing, copies across devices, reading a value), and
 // the registration of the IPU dispatch keys.
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/InferSize.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/ResizeCommon.h>
 #include <ATen/native/TensorFactories.h>
@@ -11,8 +13,11 @@
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/copy_native.h>
+#include <ATen/ops/empty_like_native.h>
+#include <ATen/ops/native_group_norm.h>
 #include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/MemoryFormat.h>
@@ -94,6 +99,52 @@ at::Tensor emptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride,
       device::emptyIpuTensor(size, stride, dtypeOf(dtype), deviceIndexOf(device)));
 }
 
+// PyTorch keeps a tensor's layout in `_to_copy` and `empty_like` (memory
+// format "preserve") only on devices that "support as_strided", a list that
+// leaves the IPU out (c10::Device::supports_as_strided): `.to("ipu")`,
+// `.half()` of a transposed tensor or `clone()` of a strided slice would come
+// back contiguous where the CPU keeps the layout, and a later `.view()` would
+// succeed on one device and fail on the other. Ipu tensors are as strided as
+// the CPU's, so these keep layouts as the CPU does: the same strides for a
+// dense tensor, dense strides in the same order otherwise.
+std::optional<c10::DimVector> preservedStrides(const at::Tensor& self, c10::Device target,
+                                               std::optional<c10::MemoryFormat> memory_format) {
+  if (!target.is_ipu() || self.layout() != c10::kStrided || self.is_quantized() ||
+      memory_format.value_or(c10::MemoryFormat::Preserve) != c10::MemoryFormat::Preserve) {
+    return std::nullopt;
+  }
+  if (self.is_non_overlapping_and_dense()) return c10::DimVector(self.strides());
+  const std::vector<int64_t> dense = at::infer_dense_strides(self.sizes(), self.strides());
+  return c10::DimVector(dense.begin(), dense.end());
+}
+
+at::Tensor toCopy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                  std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                  std::optional<bool> pin_memory, bool non_blocking,
+                  std::optional<c10::MemoryFormat> memory_format) {
+  const auto strides = preservedStrides(self, device.value_or(self.device()), memory_format);
+  if (!strides || (layout && *layout != c10::kStrided)) {
+    return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking,
+                                memory_format);
+  }
+  at::Tensor result = emptyStrided(self.sizes(), *strides, dtype.value_or(self.scalar_type()),
+                                   layout, device.value_or(self.device()), pin_memory);
+  result.copy_(self, non_blocking);
+  return result;
+}
+
+at::Tensor emptyLike(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                     std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                     std::optional<bool> pin_memory,
+                     std::optional<c10::MemoryFormat> memory_format) {
+  const auto strides = preservedStrides(self, device.value_or(self.device()), memory_format);
+  if (!strides || (layout && *layout != c10::kStrided)) {
+    return at::native::empty_like(self, dtype, layout, device, pin_memory, memory_format);
+  }
+  return emptyStrided(self.sizes(), *strides, dtype.value_or(self.scalar_type()), layout,
+                      device.value_or(self.device()), pin_memory);
+}
+
 // Grows `self`'s storage to hold `sizes` x `strides` at its offset.
 void ensureCapacity(const at::Tensor& self, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
   c10::StorageImpl* storage = self.storage().unsafeGetStorageImpl();
@@ -123,7 +174,10 @@ at::Tensor& setStorage(at::Tensor& self, c10::Storage source, int64_t offset, c1
               source.device());
   at::native::checkSetStorage(self, source, offset, size, stride);
   self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
-  self.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride, offset);
+  // No strides (`t.set_(storage, offset, size)`) means contiguous, as on the CPU.
+  const c10::DimVector strides =
+      stride.empty() ? c10::contiguous_strides(size) : c10::DimVector(stride);
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(size, strides, offset);
   return self;
 }
 
@@ -172,8 +226,12 @@ void upload(const at::Tensor& cpu_src, const at::Tensor& ipu_dst) {
     }
   }
   // Otherwise the copy takes its place in the graph, from a snapshot of the
-  // host data (the caller may change it before the graph runs).
-  captureCopy(ipu_dst, device::uploadToIpu(cpu_src, ipu_dst.device().index()));
+  // host data (the caller may change it before the graph runs), converted to
+  // the destination's dtype as copy_ converts it (`x.copy_(2.0)` copies from a
+  // float64 scalar, which the ipu cannot hold).
+  const at::Tensor source =
+      cpu_src.scalar_type() == ipu_dst.scalar_type() ? cpu_src : cpu_src.to(ipu_dst.scalar_type());
+  captureCopy(ipu_dst, device::uploadToIpu(source, ipu_dst.device().index()));
 }
 
 void download(const at::Tensor& ipu_src, const at::Tensor& cpu_dst) {
@@ -201,8 +259,18 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool) {
   return dst;
 }
 
+// The host fallback's copy of a result into an out= tensor the host kernel
+// resized: the out tensor takes the host result's layout, as it has on the CPU
+// (linalg kernels resize their outputs column-major).
 at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
-  if (!dst.sizes().equals(self.sizes())) resizeIpu(dst, self.sizes(), std::nullopt);
+  if (!dst.sizes().equals(self.sizes())) {
+    if (at::has_internal_overlap(self) != at::MemOverlap::Yes) {
+      ensureCapacity(dst, self.sizes(), self.strides());
+      dst.unsafeGetTensorImpl()->set_sizes_and_strides(self.sizes(), self.strides());
+    } else {
+      resizeIpu(dst, self.sizes(), std::nullopt);
+    }
+  }
   return copyFrom(self, dst, false);
 }
 
@@ -267,11 +335,30 @@ bool hasCompatibleShallowCopyType(const at::Tensor& self, const at::Tensor& from
          (is_dense(self.key_set()) && is_dense(from.key_set()));
 }
 
+// group_norm's generic kernel keeps a channels-last input's layout only on the
+// CPU (and PrivateUse1 devices); on others it makes the input contiguous
+// first. The ipu runs the CPU's kernels, so it takes the CPU's branch. The
+// arguments are checked by native_group_norm, as on the CPU.
+at::Tensor groupNorm(const at::Tensor& input, int64_t num_groups,
+                     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                     double eps, bool /*cudnn_enabled*/) {
+  auto contiguous = [](const std::optional<at::Tensor>& t) -> std::optional<at::Tensor> {
+    if (!t || !t->defined()) return std::nullopt;
+    return t->contiguous();
+  };
+  const int64_t hxw = c10::multiply_integers(input.sizes().slice(2));
+  return std::get<0>(at::native_group_norm(input.contiguous(input.suggest_memory_format()),
+                                           contiguous(weight), contiguous(bias), input.size(0),
+                                           input.size(1), hxw, num_groups, eps));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, IPU, m) {
   m.impl("empty.memory_format", TORCH_FN(empty));
   m.impl("empty_strided", TORCH_FN(emptyStrided));
+  m.impl("empty_like", TORCH_FN(emptyLike));
+  m.impl("_to_copy", TORCH_FN(toCopy));
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
   m.impl("view", TORCH_FN(at::native::view));
   m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
@@ -286,7 +373,11 @@ TORCH_LIBRARY_IMPL(aten, IPU, m) {
   m.impl("_fused_sdp_choice", TORCH_FN(fusedSdpChoice));
   m.impl("scaled_dot_product_attention", TORCH_FN(scaledDotProductAttention));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(hasCompatibleShallowCopyType));
+  m.impl("group_norm", TORCH_FN(groupNorm));
 }
+
+// Host tensors copied to the ipu keep their layout too (see preservedStrides).
+TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("_to_copy", TORCH_FN(toCopy)); }
 
 // Ops with a host (CPU) kernel and also a generic math kernel for other
 // devices would get the math version on the ipu, which computes differently
@@ -332,10 +423,12 @@ TORCH_LIBRARY_IMPL(_, IPU, m) {
 }
 
 // Above autograd, so that the chosen kernel's own derivative is recorded
-// (and on the backend key too, for inference mode, which skips autograd).
+// (and on the backend key too, for inference mode, which skips autograd):
+// these replace generic kernels that would do something else on the ipu.
 TORCH_LIBRARY_IMPL(aten, AutogradIPU, m) {
   m.impl("scaled_dot_product_attention", TORCH_FN(scaledDotProductAttention));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(hasCompatibleShallowCopyType));
+  m.impl("group_norm", TORCH_FN(groupNorm));
 }
 
 // Core registers no autograd fallback for AutogradIPU: operators without an

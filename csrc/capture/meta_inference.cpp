@@ -1,14 +1,19 @@
 #include "capture/meta_inference.h"
 
+#include <ATen/EmptyTensor.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 #include <absl/hash/hash.h>
+#include <c10/core/MemoryFormat.h>
 #include <c10/core/TensorImpl.h>
 
 #include <atomic>
 #include <bit>
 #include <functional>
+#include <mutex>
 
 #include "common/ivalue_tensors.h"
 #include "common/logging.h"
@@ -203,12 +208,158 @@ void alignResultsWithCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10:
 // CompositeExplicitAutogradNonFunctional kernel (the structured kernel for
 // devices without one of their own) runs the same function and then the op's
 // out= variant: run that one on meta twins. Returns true if it did.
-bool runStructuredMeta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+bool runStructuredMeta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                       torch::jit::Stack* stack) {
   constexpr auto kStructured = c10::DispatchKey::CompositeExplicitAutogradNonFunctional;
   if (!op.hasKernelForDispatchKey(kStructured)) return false;
+  // index_add's and index_reduce's meta functions check dtypes on meta tensors
+  // with `source.select(dim, 0)`, which fails for an empty source that the CPU
+  // kernel accepts (an empty index adds nothing): their Meta kernel answers.
+  const std::string& name = op.schema().name();
+  if ((name == "aten::index_add" || name == "aten::index_add_" || name == "aten::index_reduce" ||
+       name == "aten::index_reduce_") &&
+      arguments.size() > 3 && arguments[3].isTensor() && arguments[1].isInt()) {
+    const at::Tensor& source = arguments[3].toTensor();
+    if (source.dim() > 0 && source.size(at::maybe_wrap_dim(arguments[1].toInt(), source.dim())) == 0) {
+      return false;
+    }
+  }
   op.callBoxedForDispatchKey(kStructured, *stack);
   return true;
 }
+
+// An out= tensor that a pointwise (TensorIterator) kernel resizes takes on the
+// CPU the layout TensorIterator gives the result: its inputs' order of
+// strides (a transposed input, a transposed result). Python Meta kernels
+// restride it to a memory format instead (contiguous, or channels-last).
+void restrideResizedOut(c10::ArrayRef<c10::IValue> arguments, const at::Tensor& out,
+                        Layout& layout) {
+  if (out.sizes().equals(layout.sizes)) return;  // not resized: the layout stays
+  at::TensorIteratorConfig config;
+  config.promote_inputs_to_common_dtype(true).set_check_mem_overlap(false);
+  config.add_owned_output(at::Tensor());
+  bool any_input = false;
+  for (const c10::IValue& value : arguments) {
+    if (!value.isTensor() || value.toTensor().is_same(out)) continue;
+    const at::Tensor& t = value.toTensor();
+    if (!t.defined() || !t.is_ipu()) continue;  // host scalars do not order strides
+    config.add_owned_const_input(
+        at::detail::empty_strided_meta(t.sizes(), t.strides(), t.options().device(c10::kMeta)));
+    any_input = true;
+  }
+  if (!any_input) return;
+  try {
+    const at::TensorIterator iter = config.build();
+    const at::Tensor& result = iter.output();
+    if (result.sizes().equals(layout.sizes)) {
+      layout.strides.assign(result.strides().begin(), result.strides().end());
+    }
+  } catch (const c10::Error&) {
+    // Not TensorIterator's kind of arguments: the Meta kernel's layout stands.
+  }
+}
+
+Layout contiguousLayout(c10::ScalarType dtype, c10::IntArrayRef sizes) {
+  Layout layout;
+  layout.dtype = dtype;
+  layout.sizes.assign(sizes.begin(), sizes.end());
+  const c10::DimVector strides = c10::contiguous_strides(sizes);
+  layout.strides.assign(strides.begin(), strides.end());
+  return layout;
+}
+
+// Where PyTorch's Meta kernel (2.13) disagrees with its CPU kernel, even on
+// fake CPU tensors: the CPU's answer.
+void correctForCpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                   MetaResult& result) {
+  const std::string& name = op.operator_name().name;
+  if (name == "aten::_embedding_bag_forward_only" || name == "aten::_embedding_bag") {
+    // (weight, indices, offsets, scale_grad_by_freq, mode, sparse,
+    //  per_sample_weights, include_last_offset, padding_idx)
+    constexpr int64_t kSum = 0;
+    constexpr int64_t kMax = 2;
+    const at::Tensor& weight = arguments[0].toTensor();
+    const at::Tensor& offsets = arguments[2].toTensor();
+    const int64_t mode = arguments[4].toInt();
+    // The CPU's fast sum path, which leaves offset2bag empty, takes bfloat16
+    // weights too.
+    const bool scale_fast = arguments[6].isNone() || !arguments[6].toTensor().defined() ||
+                            arguments[6].toTensor().stride(0) == 1;
+    if (mode == kSum && weight.scalar_type() == c10::kBFloat16 && weight.stride(1) == 1 &&
+        arguments[8].toInt() < 0 && scale_fast) {
+      result.returns[1].tensors[0] = contiguousLayout(result.returns[1].tensors[0].dtype, {0});
+    }
+    // With include_last_offset, the forward-only kernel sizes bag_size like the
+    // offsets only in sum mode (else one per bag), and max_indices like
+    // bag_size but in max mode.
+    if (name == "aten::_embedding_bag_forward_only" && arguments[7].toBool()) {
+      const std::vector<int64_t> bags{offsets.size(0) - 1};
+      Layout& bag_size = result.returns[2].tensors[0];
+      bag_size = contiguousLayout(bag_size.dtype, mode == kSum ? offsets.sizes() : bags);
+      if (mode != kMax) {
+        result.returns[3].tensors[0] =
+            contiguousLayout(result.returns[3].tensors[0].dtype, bag_size.sizes);
+      }
+    }
+  } else if (name == "aten::max_unpool2d") {
+    // The CPU gives a batched result the input's memory format.
+    const at::Tensor& input = arguments[0].toTensor();
+    Layout& output = result.returns[0].tensors[0];
+    if (output.sizes.size() == 4 &&
+        input.suggest_memory_format() == c10::MemoryFormat::ChannelsLast) {
+      const std::vector<int64_t> strides = c10::get_channels_last_strides_2d(output.sizes);
+      output.strides.assign(strides.begin(), strides.end());
+    }
+  }
+}
+
+// Which ops are inferred on fake CPU tensors, and how (setFakeCpuInference).
+class FakeCpuInference {
+ public:
+  static FakeCpuInference& get() {
+    static FakeCpuInference inference;
+    return inference;
+  }
+
+  void set(const std::vector<std::string>& op_names, FakeCpuRunner runner) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ops_ = absl::flat_hash_set<std::string>(op_names.begin(), op_names.end());
+    runner_ = std::move(runner);
+  }
+
+  // Runs `op` on fake CPU tensors if it is one of them: true if it did.
+  // Throws what the op raised.
+  bool run(const c10::OperatorHandle& op, torch::jit::Stack* arguments,
+           torch::jit::Stack* returns) {
+    // A Python number PyTorch wrapped as a tensor (x * 2.5 through a generic
+    // kernel) reaches Python code as a number, where FakeTensor's dispatch
+    // wants a tensor: those calls keep the Meta kernel, which takes numbers.
+    for (const c10::IValue& value : *arguments) {
+      if (value.isTensor() && value.toTensor().defined() &&
+          value.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+        return false;
+      }
+    }
+    FakeCpuRunner runner;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const c10::OperatorName& name = op.operator_name();
+      if (!runner_ ||
+          !ops_.contains(name.overload_name.empty() ? name.name
+                                                    : name.name + "." + name.overload_name)) {
+        return false;
+      }
+      runner = runner_;
+    }
+    runner(op, arguments, returns);
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  absl::flat_hash_set<std::string> ops_;
+  FakeCpuRunner runner_;
+};
 
 std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
                                         c10::ArrayRef<c10::IValue> arguments, bool* cacheable) {
@@ -217,11 +368,15 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
   meta_args.reserve(arguments.size());
   for (const c10::IValue& value : arguments) meta_args.push_back(twins.convert(value));
   alignWithCpuKernel(op, meta_args);
-  torch::jit::Stack meta_stack = meta_args;
+  torch::jit::Stack meta_stack;
   try {
     // Shape inference is capture's business: it stays out of the user's profiles.
     at::DisableRecordFunctionGuard not_profiled;
-    if (!runStructuredMeta(op, &meta_stack)) {
+    // The CPU's own checks first (structured ops), then the CPU's layouts.
+    meta_stack = meta_args;
+    if (!runStructuredMeta(op, arguments, &meta_stack) &&
+        !FakeCpuInference::get().run(op, &meta_args, &meta_stack)) {
+      meta_stack = meta_args;
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
     }
   } catch (const c10::NotImplementedError& error) {
@@ -267,7 +422,12 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
     if (!alias || !alias->isWrite()) continue;
     forEachTensor(meta_args[i],
                   [&](const at::Tensor& t) { result.written[i].push_back(layoutOf(t, -1)); });
+    if (op.hasTag(at::Tag::pointwise) && schema.arguments()[i].is_out() &&
+        arguments[i].isTensor()) {
+      restrideResizedOut(arguments, arguments[i].toTensor(), result.written[i][0]);
+    }
   }
+  correctForCpu(op, arguments, result);
   return result;
 }
 
@@ -283,6 +443,10 @@ Layout layoutOf(const at::Tensor& t, int32_t storage) {
   layout.offset = t.storage_offset();
   layout.storage = storage;
   return layout;
+}
+
+void setFakeCpuInference(const std::vector<std::string>& op_names, FakeCpuRunner runner) {
+  FakeCpuInference::get().set(op_names, std::move(runner));
 }
 
 std::optional<MetaResult> inferMeta(const c10::OperatorHandle& op,

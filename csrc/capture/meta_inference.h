@@ -8,7 +8,9 @@
 #include <c10/util/SmallVector.h>
 
 #include <exception>
+#include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace poptorch::capture {
@@ -36,6 +38,18 @@ struct MetaResult {
 
 // The layout of `t`; `storage` as in Layout.
 Layout layoutOf(const at::Tensor& t, int32_t storage = -1);
+
+// Runs `op` on fake CPU twins of the meta tensors on `arguments` (PyTorch's
+// FakeTensor: meta tensors that carry a device), leaving its results on
+// `returns` and the arguments as the op left them; throws what the op raised.
+using FakeCpuRunner = std::function<void(const c10::OperatorHandle& op,
+                                         torch::jit::Stack* arguments, torch::jit::Stack* returns)>;
+
+// A Meta kernel written in Python may decide a result's layout by the device,
+// and on a meta tensor (no device) it answers for CUDA; the ipu runs the CPU's
+// kernels. So the results of these ops (`op_names`, "aten::add.out") are
+// inferred with `runner` instead. Installed by the Python module.
+void setFakeCpuInference(const std::vector<std::string>& op_names, FakeCpuRunner runner);
 
 // The results `op` would give for `arguments`, or nullopt when its Meta
 // kernel cannot tell (it raised, e.g. for a data-dependent shape). Errors that

@@ -1,5 +1,6 @@
 // poptorch._C: thin bindings over the C++ core. Importing it registers the
 // ipu device (allocator, guard, dispatcher kernels) with PyTorch.
+#include <ATen/record_function.h>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -12,6 +13,7 @@
 #include "capture/pending_graph.h"
 #include "capture/placement.h"
 #include "capture/step_capture.h"
+#include "common/ivalue_tensors.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/source_location.h"
@@ -200,6 +202,51 @@ size_t pendingNodes() {
   return capture::PendingGraph::get().size();
 }
 
+// Capture's inference on fake CPU tensors (capture::setFakeCpuInference),
+// through poptorch/_fake_cpu.py: `fake` makes fake CPU tensors of the meta
+// tensors on the stack, and the op runs on them under `run`'s FakeTensor mode.
+// The handles are the module's functions, which live as long as it does.
+capture::FakeCpuRunner fakeCpuRunner(py::handle fake, py::handle run) {
+  return [fake, run](const c10::OperatorHandle& op, torch::jit::Stack* arguments,
+                     torch::jit::Stack* returns) {
+    py::gil_scoped_acquire gil;
+    std::vector<at::Tensor> metas;
+    for (const c10::IValue& value : *arguments) {
+      forEachTensor(value, [&](const at::Tensor& t) {
+        if (t.defined() && t.is_meta()) metas.push_back(t);
+      });
+    }
+    const auto fakes = fake(metas).cast<std::vector<at::Tensor>>();
+    size_t next = 0;
+    auto replace = [&](const at::Tensor& t) {
+      return t.defined() && t.is_meta() ? fakes[next++] : t;
+    };
+    for (c10::IValue& value : *arguments) {
+      if (value.isTensor()) {
+        value = replace(value.toTensor());
+      } else if (value.isTensorList()) {
+        c10::List<at::Tensor> list;
+        for (const at::Tensor& t : value.toTensorList()) list.push_back(replace(t));
+        value = list;
+      } else if (value.isList() && value.toList().elementType()->isSubtypeOf(
+                                       *c10::OptionalType::ofTensor())) {  // Tensor?[]
+        c10::List<std::optional<at::Tensor>> list;
+        for (const c10::IValue& element : value.toListRef()) {
+          list.push_back(element.isNone() ? std::nullopt
+                                          : std::optional<at::Tensor>(replace(element.toTensor())));
+        }
+        value = list;
+      }
+    }
+    *returns = *arguments;
+    run(py::cpp_function([&] {
+      // Inference is not the op running: keep it out of torch.profiler.
+      at::DisableRecordFunctionGuard no_profiling;
+      op.callBoxed(returns);
+    }));
+  };
+}
+
 }  // namespace
 }  // namespace poptorch
 
@@ -358,4 +405,11 @@ PYBIND11_MODULE(_C, m) {
       .def("reset", &runtime::ReplicaBuffers::reset,
            "Every replica takes the buffers' current values.");
   setSourceLocationProvider(&pythonSourceLocation);
+  m.def(
+      "set_fake_cpu_inference",
+      [](const std::vector<std::string>& op_names, py::handle fake, py::handle run) {
+        capture::setFakeCpuInference(op_names, fakeCpuRunner(fake, run));
+      },
+      "Ops (\"aten::add.out\") whose results capture infers on fake CPU tensors, with "
+      "poptorch._fake_cpu's fake() and run().");
 }

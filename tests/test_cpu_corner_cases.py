@@ -1,0 +1,83 @@
+"""Small differences from the CPU that users met: each compared with the CPU."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import assert_same
+
+
+@pytest.mark.parametrize("op", ["max", "min", "amax", "amin", "argmax", "argmin"])
+def test_reducing_an_empty_tensor_with_pending_ops_raises_as_on_the_cpu(op):
+    errors = {}
+    for device in ("cpu", "ipu"):
+        empty = torch.ones(0, device=device) * 2  # a pending op on the ipu
+        with pytest.raises((RuntimeError, IndexError), match="Expected reduction dim") as error:
+            getattr(empty, op)().cpu()
+        errors[device] = error.type
+    assert errors["ipu"] is errors["cpu"]
+
+
+@pytest.mark.parametrize("value", [2.0, 3, True, torch.tensor(2.5, dtype=torch.float64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.float16])
+def test_copying_a_python_or_float64_scalar_into_a_pending_tensor(value, dtype):
+    """x.copy_(2.0) copies from a float64 scalar: it converts, as on the CPU."""
+    results = {}
+    for device in ("cpu", "ipu"):
+        x = torch.arange(6, device=device).to(dtype) * 2  # pending on the ipu
+        source = value if not isinstance(value, (int, float)) else torch.tensor(value)
+        x.copy_(source)
+        results[device] = x
+    assert_same(results["cpu"], results["ipu"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("include_last_offset", [False, True])
+def test_embedding_bag_with_offsets_matches_the_cpu(mode, include_last_offset, dtype):
+    weight = torch.randn(5, 4).to(dtype)
+    indices = torch.tensor([0, 1, 1, 0, 1, 4])
+    offsets = torch.tensor([0, 3, 6]) if include_last_offset else torch.tensor([0, 3])
+    expected = F.embedding_bag(indices, weight, offsets, mode=mode,
+                               include_last_offset=include_last_offset)
+    actual = F.embedding_bag(indices.to("ipu"), weight.to("ipu"), offsets.to("ipu"), mode=mode,
+                             include_last_offset=include_last_offset)
+    assert_same(expected, actual)
+
+
+def test_embedding_bag_gradients_match_the_cpu():
+    grads = {}
+    for device in ("cpu", "ipu"):
+        weight = torch.randn(5, 4, generator=torch.Generator().manual_seed(0)).to(device)
+        weight.requires_grad_()
+        F.embedding_bag(torch.tensor([0, 1, 1, 4], device=device), weight,
+                        torch.tensor([0, 2, 4], device=device), mode="mean",
+                        include_last_offset=True).sum().backward()
+        grads[device] = weight.grad
+    assert_same(grads["cpu"], grads["ipu"])
+
+
+def test_a_result_the_kernel_leaves_conjugated_has_the_cpu_values():
+    """linalg_lu_solve(left=False) leaves its complex result lazily conjugated."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 3, dtype=torch.complex64, generator=g) + 3 * torch.eye(3)
+    b = torch.randn(4, 3, dtype=torch.complex64, generator=g)
+    lu, pivots = torch.linalg.lu_factor(a)
+    expected = torch.linalg.lu_solve(lu, pivots, b, left=False, adjoint=True)
+    actual = torch.linalg.lu_solve(lu.to("ipu"), pivots.to("ipu"), b.to("ipu"), left=False,
+                                   adjoint=True)
+    assert_same(expected, actual)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_chunked_linear_cross_entropy_accumulates_as_on_the_cpu(dtype):
+    """PyTorch picks the accumulation dtype by device type; the ipu takes the CPU's (float32)."""
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 16, generator=g).to(dtype), torch.randn(32, 16, generator=g).to(dtype)
+    target = torch.randint(0, 32, (8,), generator=g)
+    options = LinearCrossEntropyOptions(batch_chunk_size=2)
+    expected = F.linear_cross_entropy(x, w, target, reduction="none", options=options)
+    actual = F.linear_cross_entropy(x.to("ipu"), w.to("ipu"), target.to("ipu"), reduction="none",
+                                    options=options)
+    assert_same(expected, actual, atol=0, rtol=0)
