@@ -61,13 +61,11 @@ def test_index_select_of_a_scalar_with_an_empty_index_raises_at_the_call():
             torch.index_select(x, 0, torch.zeros(0, dtype=torch.int64, device=dev))
 
 
-@known_issue("results_lose_the_cpu_strides")
 def test_clone_of_a_non_dense_tensor_keeps_the_cpu_strides():
     x = torch.arange(12.0).reshape(2, 3, 2)
     assert x.to("ipu").unfold(1, 2, 2).clone().stride() == x.unfold(1, 2, 2).clone().stride()
 
 
-@known_issue("results_lose_the_cpu_strides")
 @pytest.mark.parametrize("op", [torch.abs, torch.logical_not,
                                 lambda x: torch.copysign(x, torch.tensor(1.5))])
 def test_elementwise_results_of_a_transposed_tensor_keep_the_cpu_strides(op):
@@ -75,7 +73,6 @@ def test_elementwise_results_of_a_transposed_tensor_keep_the_cpu_strides(op):
     assert op(x.to("ipu").t()).stride() == op(x.t()).stride() == (1, 3)
 
 
-@known_issue("results_lose_the_cpu_strides")
 def test_host_results_keep_the_cpu_strides():
     x = torch.ones(2, 3)
     assert torch.nonzero(x.to("ipu")).stride() == torch.nonzero(x).stride() == (1, 6)
@@ -100,7 +97,7 @@ def test_an_out_tensor_overlapping_an_input_is_refused_before_a_resize():
             torch.add(x[:1].view(()), 1, out=x[:1])
 
 
-@known_issue("integer_view_written_from_a_grad_tensor")
+@known_issue("views_rebased_by_replay")
 def test_views_of_a_dtype_view_modified_in_place_keep_their_autograd_metadata():
     for dev in DEVICES:
         x = torch.tensor(1.5, device=dev).requires_grad_()
@@ -110,13 +107,34 @@ def test_views_of_a_dtype_view_modified_in_place_keep_their_autograd_metadata():
         assert not view.is_leaf and type(view.grad_fn).__name__ == "AsStridedBackward0"
 
 
-@known_issue("integer_view_written_from_a_grad_tensor")
+@known_issue("views_rebased_by_replay")
 def test_an_integer_view_can_be_filled_from_a_tensor_that_requires_grad():
     for dev in DEVICES:
         ints = torch.tensor(3, device=dev)
         view = ints.view((1,))
         view.fill_(torch.tensor(1.5, device=dev).requires_grad_())
         assert view.tolist() == [1]
+
+
+@known_issue("views_rebased_by_replay")
+def test_views_of_a_detached_tensor_keep_their_autograd_metadata():
+    for dev in DEVICES:
+        x = torch.tensor(1.5, device=dev).requires_grad_()
+        view = x.view(())
+        bits = view.view(torch.int32)
+        x.detach_()
+        bits.neg_()
+        assert view.requires_grad and not view.is_leaf
+
+
+@known_issue("views_rebased_by_replay")
+def test_views_of_a_base_squeezed_in_place_keep_their_autograd_metadata():
+    for dev in DEVICES:
+        x = torch.tensor(1.5, device=dev).requires_grad_()
+        base = x.view((1, 1)).clone()
+        view = base.transpose(0, -2)
+        base.squeeze_()
+        assert not view.is_leaf
 
 
 @known_issue("matmul_of_mixed_dtypes_with_an_empty_result")

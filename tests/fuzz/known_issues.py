@@ -41,33 +41,21 @@ KNOWN_ISSUES: Dict[str, KnownIssue] = {
                "CPU raises at the call, the ipu the same error only at the next sync (issue 9 "
                "item 11, error placement: being fixed by the helper on errors)",
         test="test_a_dtype_the_kernel_lacks_is_refused_at_the_call", deferred=True),
-    "results_lose_the_cpu_strides": KnownIssue(
-        reason="results the CPU lays out like their input (clone, casts, *_like, abs, isinf, "
-               "logical_not/and/xor and copysign of a non-contiguous tensor) or makes on the "
-               "host (nonzero, argwhere, x.to('ipu')) come back contiguous on the ipu: "
-               "PyTorch's empty_like and _to_copy only keep strides on devices whose "
-               "Device::supports_as_strided() is true, and it is false for IPU (issue 9 item "
-               "8, output strides: being fixed by the helper on strides of casts and abs)",
-        test="test_host_results_keep_the_cpu_strides",
-        ops=("dynamic_shape:nonzero", "dynamic_shape:argwhere", "copying_view:clone", "cast:",
-             "creation:zeros_like", "creation:full_like", "random:rand", "random:randn_like",
-             "random:randint_like", "random:bernoulli", "unary:abs", "unary:isinf",
-             "unary:logical_not", "binary:logical_and", "binary:logical_xor",
-             "binary:copysign"),
-        hits=lambda line, ns: bool(line.reads) and (
-            ns[line.reads[0]].dim() >= 2 if line.op.startswith("dynamic_shape:")
-            else not ns[line.reads[0]].is_contiguous())),
-    "integer_view_written_from_a_grad_tensor": KnownIssue(
-        reason="an in-place op writes a value that requires grad into an integer tensor that "
-               "is a view (or into x.view(torch.int32) of a tensor that requires grad): the "
-               "ipu raises 'Autograd not support dtype: Long/Int' (at the op, or when its "
-               "views' grad_fn is read) where the CPU does not: PyTorch rebases views by "
-               "replaying the view op where Device::supports_as_strided() is false (it is "
-               "for IPU), by as_strided on the CPU (issue 9 item 8, the same root as "
-               "results_lose_the_cpu_strides)",
+    "views_rebased_by_replay": KnownIssue(
+        reason="an in-place write to a tensor whose storage has views that require grad, where "
+               "the written tensor does not or its metadata changes in place (an integer view x.view(torch.int32) of a tensor "
+               "that requires grad, a base detach_()ed after views were made, an integer view "
+               "filled from a tensor that requires grad): the ipu raises 'Autograd not "
+               "support dtype' or an internal assert of PyTorch (at the op, or when a view's "
+               "grad_fn is read) where the CPU does not. PyTorch rebases views' grad_fn by "
+               "replaying the view ops on devices whose Device::supports_as_strided() is false "
+               "(hard-coded false for IPU in c10), by as_strided on the CPU (issue 9 item 8)",
         test="test_views_of_a_dtype_view_modified_in_place_keep_their_autograd_metadata",
-        hits=lambda line, ns: any(_integer_target(ns, w) for w in line.writes) and any(
-            isinstance(ns.get(r), torch.Tensor) and ns[r].requires_grad for r in line.reads)),
+        hits=lambda line, ns: any(_storage_has_grad_views(ns, w, line.op.startswith("inplace_meta:"))
+                                 for w in line.writes) or (
+            any(_integer_target(ns, w) for w in line.writes) and any(
+                isinstance(ns.get(r), torch.Tensor) and ns[r].requires_grad
+                for r in line.reads))),
     "matmul_of_mixed_dtypes_with_an_empty_result": KnownIssue(
         reason="matmul of an int64 and an int32 tensor with an empty result: the CPU returns "
                "int32 for an operand whose size-1 dims have other strides (msort's result), "
@@ -97,6 +85,17 @@ KNOWN_ISSUES: Dict[str, KnownIssue] = {
 def _integer_target(ns: Dict[str, Any], name: str) -> bool:
     target = ns.get(name)
     return isinstance(target, torch.Tensor) and not target.dtype.is_floating_point
+
+
+def _storage_has_grad_views(ns: Dict[str, Any], name: str, reshaped: bool) -> bool:
+    """Views of `name`'s storage require grad, but `name` does not (views made while it did)
+    or `reshaped` changes its metadata in place (squeeze_, transpose_...)."""
+    target = ns.get(name)
+    if not isinstance(target, torch.Tensor) or (target.requires_grad and not reshaped):
+        return False
+    storage = target.untyped_storage().data_ptr()
+    return any(isinstance(t, torch.Tensor) and t._is_view() and t.requires_grad
+               and t.untyped_storage().data_ptr() == storage for t in ns.values())
 
 
 class _IpuCopies:
