@@ -200,3 +200,22 @@ def test_every_known_issue_has_its_expected_failure():
                    if m.name == "xfail"]
         assert any(r.startswith(f"{name}:") for r in reasons), \
             f"{issue.test} is not marked known_issue({name!r})"
+
+
+def test_index_add_of_an_empty_source_adds_nothing():
+    # index_add's C++ meta function checks dtypes with source.select(dim, 0) on meta tensors
+    for dev in DEVICES:
+        x = torch.ones(1, 1, 1, 1, device=dev)
+        empty = torch.zeros(0, dtype=torch.int64, device=dev)
+        x.index_add_(0, empty, torch.ones(0, 1, 1, 1, device=dev))
+        assert x.cpu().tolist() == [[[[1.0]]]]
+
+
+@pytest.mark.parametrize("write", [
+    lambda t: t.copy_(t[0]),  # the source is part of the destination
+    lambda t: t.expand(2, 2).copy_(torch.ones(2, 2, device=t.device)),  # one place, two elements
+])
+def test_copy_into_overlapping_memory_is_refused_at_the_call(write):
+    for dev in DEVICES:
+        with pytest.raises(RuntimeError, match="refer.* to a single memory location"):
+            write(torch.arange(2.0, device=dev))

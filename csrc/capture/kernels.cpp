@@ -205,8 +205,38 @@ const c10::OperatorHandle& copyOp() {
   return op;
 }
 
+// Bytes [begin, end) of `t` in its storage, for a dense tensor.
+std::pair<int64_t, int64_t> byteRange(const at::Tensor& t) {
+  const int64_t begin = t.storage_offset() * static_cast<int64_t>(t.itemsize());
+  return {begin, begin + static_cast<int64_t>(t.nbytes())};
+}
+
+// The CPU's copy_ refuses what its TensorIterator calls overlap: a destination
+// with several elements at one place, or one sharing only some of its memory
+// with the source. Meta tensors have no memory to compare, so capture checks
+// the ipu tensors' storages (PyTorch's check reads data pointers, which a lazy
+// storage lacks).
+void checkCopyOverlap(const at::Tensor& dst, const at::Tensor& src) {
+  TORCH_CHECK(at::has_internal_overlap(dst) != at::MemOverlap::Yes,
+              "unsupported operation: more than one element of the written-to tensor refers to "
+              "a single memory location. Please clone() the tensor before performing the "
+              "operation.");
+  if (dst.numel() == 0 || src.numel() == 0 || !dst.storage().is_alias_of(src.storage()) ||
+      !dst.is_non_overlapping_and_dense() || !src.is_non_overlapping_and_dense()) {
+    return;
+  }
+  const auto [dst_begin, dst_end] = byteRange(dst);
+  const auto [src_begin, src_end] = byteRange(src);
+  const bool same = dst_begin == src_begin && dst_end == src_end;
+  TORCH_CHECK(same || dst_end <= src_begin || src_end <= dst_begin,
+              "unsupported operation: some elements of the input tensor and the written-to "
+              "tensor refer to a single memory location. Please clone() the tensor before "
+              "performing the operation.");
+}
+
 // Records dst.copy_(src) for two ipu tensors.
 void captureCopy(const at::Tensor& dst, const at::Tensor& src) {
+  checkCopyOverlap(dst, src);
   torch::jit::Stack stack{dst, src, false};
   const bool captured = captureOp(copyOp(), &stack, /*allow_several_ipus=*/true);
   TORCH_INTERNAL_ASSERT(captured, "copy_ between ipu tensors could not be captured");
