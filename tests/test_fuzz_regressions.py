@@ -213,6 +213,7 @@ def test_index_add_of_an_empty_source_adds_nothing():
 
 @pytest.mark.parametrize("write", [
     lambda t: t.copy_(t[0]),  # the source is part of the destination
+    lambda t: t[:1].copy_(t[:1].view(())),  # the same memory, another view
     lambda t: t.expand(2, 2).copy_(torch.ones(2, 2, device=t.device)),  # one place, two elements
 ])
 def test_copy_into_overlapping_memory_is_refused_at_the_call(write):

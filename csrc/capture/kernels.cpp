@@ -211,9 +211,8 @@ std::pair<int64_t, int64_t> byteRange(const at::Tensor& t) {
   return {begin, begin + static_cast<int64_t>(t.nbytes())};
 }
 
-// The CPU's copy_ refuses what its TensorIterator calls overlap: a destination
-// with several elements at one place, or one sharing only some of its memory
-// with the source. Meta tensors have no memory to compare, so capture checks
+// The CPU's copy_ refuses a destination with several elements at one place,
+// or one sharing memory with a source that is not the very same view. Meta tensors have no memory to compare, so capture checks
 // the ipu tensors' storages (PyTorch's check reads data pointers, which a lazy
 // storage lacks).
 void checkCopyOverlap(const at::Tensor& dst, const at::Tensor& src) {
@@ -225,10 +224,14 @@ void checkCopyOverlap(const at::Tensor& dst, const at::Tensor& src) {
       !dst.is_non_overlapping_and_dense() || !src.is_non_overlapping_and_dense()) {
     return;
   }
+  // Copying a tensor onto itself does nothing; any other overlap is refused.
+  const bool same_data = dst.storage_offset() == src.storage_offset() &&
+                         dst.sizes().equals(src.sizes()) && dst.strides().equals(src.strides()) &&
+                         dst.scalar_type() == src.scalar_type() && dst.is_conj() == src.is_conj() &&
+                         dst.is_neg() == src.is_neg();
   const auto [dst_begin, dst_end] = byteRange(dst);
   const auto [src_begin, src_end] = byteRange(src);
-  const bool same = dst_begin == src_begin && dst_end == src_end;
-  TORCH_CHECK(same || dst_end <= src_begin || src_end <= dst_begin,
+  TORCH_CHECK(same_data || dst_end <= src_begin || src_end <= dst_begin,
               "unsupported operation: some elements of the input tensor and the written-to "
               "tensor refer to a single memory location. Please clone() the tensor before "
               "performing the operation.");
