@@ -220,3 +220,10 @@ def test_copy_into_overlapping_memory_is_refused_at_the_call(write):
     for dev in DEVICES:
         with pytest.raises(RuntimeError, match="refer.* to a single memory location"):
             write(torch.arange(2.0, device=dev))
+
+
+@pytest.mark.parametrize("n", [0, 2])
+def test_rsub_of_a_bool_tensor_is_refused_at_the_call(n):
+    for dev in DEVICES:
+        with pytest.raises(RuntimeError, match="with a bool tensor is not supported"):
+            torch.rsub(torch.ones(n, device=dev), torch.zeros(n, dtype=torch.bool, device=dev))

@@ -164,6 +164,25 @@ bool isViewOp(const c10::FunctionSchema& schema) {
 
 std::atomic<MustPropagate> must_propagate{nullptr};
 
+// Checks a CPU kernel makes at the call that neither a structured meta function
+// nor the op's Meta kernel makes. rsub is not structured: its CPU kernel
+// refuses bool operands as sub's meta function does (sub_check).
+void checkAsCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  if (op.schema().name() != "aten::rsub" || arguments.size() < 2) return;
+  auto is_bool = [](const c10::IValue& v) {
+    return v.isTensor() ? v.toTensor().scalar_type() == at::kBool : v.isBool();
+  };
+  const bool self_bool = is_bool(arguments[0]);
+  const bool other_bool = is_bool(arguments[1]);
+  TORCH_CHECK(!self_bool || !other_bool,
+              "Subtraction, the `-` operator, with two bool tensors is not supported. "
+              "Use the `^` or `logical_xor()` operator instead.");
+  TORCH_CHECK(!self_bool && !other_bool,
+              "Subtraction, the `-` operator, with a bool tensor is not supported. "
+              "If you are trying to invert a mask, use the `~` or `logical_not()` operator "
+              "instead.");
+}
+
 // Arguments on which a PyTorch Meta kernel disagrees with the CPU kernel,
 // rewritten to ones that mean the same to the CPU. nansum (and nanmean, built
 // on it) reduces over every dim for an empty dim list on the CPU, but its Meta
@@ -178,8 +197,9 @@ void alignWithCpuKernel(const c10::OperatorHandle& op, torch::jit::Stack& meta_a
 // Results whose dtype a PyTorch Meta kernel gives as CUDA computes them, not as
 // the CPU does. Batch norm's saved mean and inverse std are float32 for a
 // float16/bfloat16 input on CUDA (and Meta), but the CPU keeps the input's dtype
-// unless the parameters are float32 (its mixed-type kernel), and its backward
-// refuses saved statistics of another dtype.
+// unless a parameter is float32 (its mixed-type kernel), and its backward
+// refuses saved statistics of another dtype. (FakeTensor on the CPU device
+// does not know the mixed-type kernel either.)
 void alignResultsWithCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                                MetaResult* result) {
   const std::string& name = op.schema().name();
@@ -189,14 +209,15 @@ void alignResultsWithCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10:
   }
   const at::ScalarType input = arguments[0].toTensor().scalar_type();
   if (input != at::kHalf && input != at::kBFloat16) return;
+  at::ScalarType statistics = input;
   for (const c10::IValue& parameter : arguments.slice(1)) {
     if (parameter.isTensor() && parameter.toTensor().defined() &&
         parameter.toTensor().scalar_type() == at::kFloat) {
-      return;  // the mixed-type kernel: float32 statistics, as Meta says
+      statistics = at::kFloat;  // the mixed-type kernel: float32 statistics
     }
   }
   for (size_t i = 1; i < result->returns.size(); ++i) {
-    for (Layout& layout : result->returns[i].tensors) layout.dtype = input;
+    for (Layout& layout : result->returns[i].tensors) layout.dtype = statistics;
   }
 }
 
@@ -363,6 +384,7 @@ class FakeCpuInference {
 
 std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
                                         c10::ArrayRef<c10::IValue> arguments, bool* cacheable) {
+  checkAsCpuKernel(op, arguments);
   MetaTwins twins;
   torch::jit::Stack meta_args;
   meta_args.reserve(arguments.size());
