@@ -415,7 +415,8 @@ class PoplarExecutor(WrapperState):
         device_leaves = []
         for leaf in self._examples:
             if isinstance(leaf, torch.Tensor):
-                micro = leaf.to(_DEVICE)
+                # contiguous: each run fills it with a micro-batch's rows of the host batch
+                micro = leaf.to(_DEVICE, memory_format=torch.contiguous_format)
                 device_inputs.append(micro)
                 device_leaves.append(micro)
             else:
