@@ -94,6 +94,18 @@ class StepCapture:
         self.device_outputs: List[torch.Tensor] = []
         self.variants = 0
 
+    def _swapped_tensors(self) -> Dict[str, torch.Tensor]:
+        """The device tensors by name, each module attribute under one name: a module
+        registered under two names would otherwise be swapped twice by functional_call,
+        which then restores the second name to the device tensor it saved. Tied tensors
+        of distinct modules keep a name each (so tie_weights is not needed)."""
+        names = []
+        for prefix, module in self.model.named_modules():  # each module once
+            dot = f"{prefix}." if prefix else ""
+            names += [dot + n for n, p in module._parameters.items() if p is not None]
+            names += [dot + n for n, b in module._buffers.items() if b is not None]
+        return {name: self._state.tensors[name] for name in names}
+
     def micro_step(self) -> Any:
         """Captures one micro-batch's step from the data in the device inputs;
         returns its program."""
@@ -106,8 +118,9 @@ class StepCapture:
                     _precision.forward_casting(self.precision, self.model), \
                     device_parameters(self.model, self._state.host, self._state.tensors), \
                     _buffers.kept_in_forward(self.model, self._state.tensors):
-                outputs = torch.func.functional_call(self.model, self._state.tensors,
-                                                     self._args, self._kwargs, strict=False)
+                outputs = torch.func.functional_call(self.model, self._swapped_tensors(),
+                                                     self._args, self._kwargs, strict=False,
+                                                     tie_weights=False)
             self.split = blocks.end_forward()
             if self.training:
                 self._backward(recorder.loss(outputs))

@@ -279,3 +279,26 @@ def test_several_returned_losses_must_be_combined():
     ipu = poptorch.trainingModel(ReturnsItsLoss("two"))
     with pytest.raises(poptorch.Error, match="2 scalar losses.*identity_loss"):
         ipu(torch.randn(5, 4), torch.randint(0, 3, (5,)))
+
+
+class SharesModulesAndWeights(torch.nn.Module):
+    """A submodule registered under two names, and a weight tied across two modules."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+        self.wrapper = torch.nn.Sequential(self.inner)
+        self.decoder = torch.nn.Linear(4, 4, bias=False)
+        self.decoder.weight = self.inner.weight
+
+    def forward(self, x, y):
+        return F.mse_loss(self.decoder(self.wrapper(x)), y)
+
+
+def test_modules_and_weights_shared_under_several_names_train_and_stay_on_the_host():
+    torch.manual_seed(0)
+    batches = [(torch.randn(3, 4), torch.randn(3, 4)) for _ in range(3)]
+    model = SharesModulesAndWeights()
+    train_beside_the_cpu(model, batches)  # also checks the devices of the weights
+    assert model.decoder.weight is model.inner.weight
+    assert all(not t.is_ipu for t in model.state_dict().values())
