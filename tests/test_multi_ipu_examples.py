@@ -1,11 +1,15 @@
 """The user guide's multi-IPU examples (PopTorch's pipeline_simple.py and
 phased_execution.py), written the way they use the API, run and give the
-CPU's numbers."""
+CPU's numbers; examples/train_bert_pipelined.py runs to the end."""
+import math
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import poptorch
+from conftest import ROOT, run_python
 
 
 def test_bert_split_with_begin_block():
@@ -262,3 +266,25 @@ def test_parallel_phased_execution_with_auto_ids():
     placements = _run(SixBlocks(auto_id=True), strategy)
     assert {(phase, ipu) for _, phase, ipu in placements} == {
         (0, 0), (0, 2), (1, 1), (1, 3), (2, 0), (2, 2)}
+
+
+@pytest.mark.slow
+def test_train_bert_pipelined_example():
+    """examples/train_bert_pipelined.py trains a BERT pipelined over 4 IPUs to the
+    end, with a progress bar, a finite loss and each IPU holding its share."""
+    pytest.importorskip("transformers")
+    example = ROOT / "examples" / "train_bert_pipelined.py"
+    result = run_python(f"import runpy, sys; sys.argv = [{str(example)!r}]; "
+                        f"runpy.run_path({str(example)!r}, run_name='__main__')",
+                        env={"POPTORCH_NUM_IPUS": "4"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Training: 100%" in result.stderr  # tqdm writes its bar to stderr
+    loss = re.search(r"^Final loss: (\S+)$", result.stdout, re.M)
+    assert loss is not None, result.stdout
+    assert math.isfinite(float(loss.group(1)))
+    memory = {int(i): int(b) for i, b in
+              re.findall(r"^IPU (\d) memory: .* \((\d+) bytes\)$", result.stdout, re.M)}
+    assert sorted(memory) == [0, 1, 2, 3], result.stdout
+    assert all(b > 0 for b in memory.values()), memory
+    # Layers 1 and 2 are alike; IPU 0 also holds the embeddings.
+    assert memory[1] == memory[2] < memory[0], memory
