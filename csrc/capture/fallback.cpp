@@ -17,6 +17,7 @@
 #include "common/metrics.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
+#include "profiling/profiler.h"
 #include "runtime/worker.h"
 
 namespace poptorch::capture {
@@ -286,6 +287,7 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
   node.guard = guard;
   node.deterministic = at::globalContext().deterministicAlgorithms();
   node.deterministic_warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();
+  node.scope = profiling::currentScope();
   for (size_t i = 0; i < num_args; ++i) {
     const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
     if (!alias || !alias->isWrite()) continue;

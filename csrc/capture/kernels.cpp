@@ -31,6 +31,7 @@
 #include "common/metrics.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
+#include "profiling/profiler.h"
 #include "runtime/executor.h"
 #include "runtime/worker.h"
 
@@ -253,6 +254,8 @@ void upload(const at::Tensor& cpu_src, const at::Tensor& ipu_dst) {
     if (!PendingGraph::get().references(storage)) {
       runtime::Worker::get().waitIdle();  // queued programs may still read it
       device::materialize(*storage);
+      const profiling::TransferSpan span(profiling::Kind::kToIpu, cpu_src.nbytes(),
+                                         ipu_dst.device().index());
       runtime::hostAlias(ipu_dst).copy_(cpu_src);
       Metrics::get().bytesToIpu(static_cast<int64_t>(cpu_src.nbytes()));
       return;
@@ -275,6 +278,8 @@ void download(const at::Tensor& ipu_src, const at::Tensor& cpu_dst) {
   }
   PendingGraph::get().flush();
   device::materialize(*ipu_src.storage().unsafeGetStorageImpl());
+  const profiling::TransferSpan span(profiling::Kind::kFromIpu, ipu_src.nbytes(),
+                                     ipu_src.device().index());
   cpu_dst.copy_(runtime::hostAlias(ipu_src));
   Metrics::get().bytesFromIpu(static_cast<int64_t>(ipu_src.nbytes()));
 }

@@ -6,6 +6,7 @@
 #include "common/metrics.h"
 #include "compiler/disk_cache.h"
 #include "ir/hash.h"
+#include "profiling/profiler.h"
 
 namespace poptorch::compiler {
 namespace {
@@ -147,10 +148,12 @@ std::shared_ptr<const Executable> executableFor(const ir::Graph& graph) {
       Metrics::get().executableLoaded();
     } else {
       const auto start = std::chrono::steady_clock::now();
+      const int64_t start_ns = profiling::enabled() ? profiling::now() : 0;
       POPTORCH_LOG(kDebug) << "compiling a graph of " << graph.nodes.size()
                            << " nodes: no executable with its structure is cached";
       exe = compile(graph, key);
       Metrics::get().graphCompiled(secondsSince(start));
+      if (start_ns != 0) profiling::compiled(*exe, start_ns, profiling::now());
       if (!directory.empty() && structure.get() != nullptr) {
         try {
           disk.write(key, encodeEntry({exe, *structure.get()}));

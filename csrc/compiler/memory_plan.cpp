@@ -66,19 +66,77 @@ class OffsetAllocator {
   int64_t end_ = 0;
 };
 
+bool isTemporary(const Executable& exe, ir::BufferId b) {
+  return exe.roles[b] == BufferRole::kProduced || exe.roles[b] == BufferRole::kScratch;
+}
+
+template <typename Visit>
+void forEachBuffer(const ir::Node& node, Visit&& visit) {
+  for (const ir::TensorRef& in : node.inputs) visit(in.buffer);
+  for (ir::BufferId w : node.writes) visit(w);
+  for (const ir::TensorRef& out : node.outputs) visit(out.buffer);
+}
+
+// Walks the program as the runtime will, given exe.release_after: a temporary
+// takes its place at its first use (`place(i, b)`), every node runs once its
+// temporaries are placed (`ran(i)`), and a temporary gives its place back
+// after its last use (`release(i, b)`).
+template <typename Place, typename Ran, typename Release>
+void walkTemporaries(const Executable& exe, Place&& place, Ran&& ran, Release&& release) {
+  std::vector<bool> placed(exe.program.buffers.size(), false);
+  for (size_t i = 0; i < exe.program.nodes.size(); ++i) {
+    forEachBuffer(exe.program.nodes[i], [&](ir::BufferId b) {
+      if (!isTemporary(exe, b) || placed[b]) return;
+      placed[b] = true;
+      place(i, b);
+    });
+    ran(i);
+    for (ir::BufferId b : exe.release_after[i]) release(i, b);
+  }
+}
+
+// Bytes of temporaries per ipu index, as a walk places and releases them. A
+// temporary counts on the IPU of the block whose node makes it in a model
+// split over IPUs, else on its buffer's device.
+class LiveBytes {
+ public:
+  explicit LiveBytes(const Executable& exe)
+      : exe_(exe), ipu_of_(exe.program.buffers.size(), 0) {}
+  void place(const ir::Node& node, ir::BufferId b) {
+    ipu_of_[b] = static_cast<size_t>(node.placement == ir::Placement{}
+                                         ? std::max<int>(0, exe_.program.buffers[b].device.index())
+                                         : node.placement.ipu);
+    add(b, +1);
+  }
+  void release(ir::BufferId b) { add(b, -1); }
+  const std::vector<int64_t>& bytes() const { return bytes_; }
+
+ private:
+  void add(ir::BufferId b, int64_t sign) {
+    if (bytes_.size() <= ipu_of_[b]) bytes_.resize(ipu_of_[b] + 1, 0);
+    bytes_[ipu_of_[b]] += sign * exe_.program.buffers[b].nbytes;
+  }
+
+  const Executable& exe_;
+  std::vector<size_t> ipu_of_;
+  std::vector<int64_t> bytes_;
+};
+
 }  // namespace
+
+std::vector<std::vector<int64_t>> temporaryBytesByNode(const Executable& exe) {
+  std::vector<std::vector<int64_t>> by_node(exe.program.nodes.size());
+  LiveBytes live(exe);
+  walkTemporaries(
+      exe, [&](size_t i, ir::BufferId b) { live.place(exe.program.nodes[i], b); },
+      [&](size_t i) { by_node[i] = live.bytes(); },
+      [&](size_t, ir::BufferId b) { live.release(b); });
+  return by_node;
+}
 
 void planMemory(Executable& exe) {
   const ir::Graph& program = exe.program;
   const size_t num_buffers = program.buffers.size();
-  auto temporary = [&](ir::BufferId b) {
-    return exe.roles[b] == BufferRole::kProduced || exe.roles[b] == BufferRole::kScratch;
-  };
-  auto forEachBuffer = [](const ir::Node& node, auto&& visit) {
-    for (const ir::TensorRef& in : node.inputs) visit(in.buffer);
-    for (ir::BufferId w : node.writes) visit(w);
-    for (const ir::TensorRef& out : node.outputs) visit(out.buffer);
-  };
 
   std::vector<int32_t> last_use(num_buffers, -1);
   for (size_t i = 0; i < program.nodes.size(); ++i) {
@@ -87,41 +145,34 @@ void planMemory(Executable& exe) {
   exe.release_after.assign(program.nodes.size(), {});
   for (size_t b = 0; b < num_buffers; ++b) {
     const auto id = static_cast<ir::BufferId>(b);
-    if (temporary(id) && last_use[b] >= 0) exe.release_after[last_use[b]].push_back(id);
+    if (isTemporary(exe, id) && last_use[b] >= 0) exe.release_after[last_use[b]].push_back(id);
   }
 
-  // Walk the program as the runtime will: a temporary takes its place at its
-  // first use and gives it back after its last. The arena is host memory;
-  // the peak per ipu models what the temporaries would take on each IPU: the
-  // IPU of the block whose node makes them in a model split over IPUs, else
-  // the device of the buffer.
+  // The arena is host memory; the peak per ipu models what the temporaries
+  // would take on each IPU (see LiveBytes).
   OffsetAllocator arena;
   exe.arena_offset.assign(num_buffers, -1);
   exe.peak_temporary_bytes.clear();
-  std::vector<int64_t> current;
-  std::vector<size_t> ipu_of(num_buffers, 0);
-  auto account = [&](ir::BufferId b, int64_t sign) {
-    const size_t ipu = ipu_of[b];
-    if (current.size() <= ipu) current.resize(ipu + 1, 0);
-    if (exe.peak_temporary_bytes.size() <= ipu) exe.peak_temporary_bytes.resize(ipu + 1, 0);
-    current[ipu] += sign * program.buffers[b].nbytes;
-    exe.peak_temporary_bytes[ipu] = std::max(exe.peak_temporary_bytes[ipu], current[ipu]);
-  };
-  for (size_t i = 0; i < program.nodes.size(); ++i) {
-    const ir::Node& node = program.nodes[i];
-    forEachBuffer(node, [&](ir::BufferId b) {
-      if (!temporary(b) || exe.arena_offset[b] >= 0) return;
-      exe.arena_offset[b] = arena.allocate(program.buffers[b].nbytes);
-      ipu_of[b] = static_cast<size_t>(node.placement == ir::Placement{}
-                                          ? std::max<int>(0, program.buffers[b].device.index())
-                                          : node.placement.ipu);
-      account(b, +1);
-    });
-    for (ir::BufferId b : exe.release_after[i]) {
-      arena.release(exe.arena_offset[b], program.buffers[b].nbytes);
-      account(b, -1);
-    }
-  }
+  LiveBytes live(exe);
+  walkTemporaries(
+      exe,
+      [&](size_t i, ir::BufferId b) {
+        exe.arena_offset[b] = arena.allocate(program.buffers[b].nbytes);
+        live.place(program.nodes[i], b);
+      },
+      [&](size_t) {
+        const std::vector<int64_t>& bytes = live.bytes();
+        if (exe.peak_temporary_bytes.size() < bytes.size()) {
+          exe.peak_temporary_bytes.resize(bytes.size(), 0);
+        }
+        for (size_t d = 0; d < bytes.size(); ++d) {
+          exe.peak_temporary_bytes[d] = std::max(exe.peak_temporary_bytes[d], bytes[d]);
+        }
+      },
+      [&](size_t, ir::BufferId b) {
+        arena.release(exe.arena_offset[b], program.buffers[b].nbytes);
+        live.release(b);
+      });
   exe.arena_bytes = arena.size();
 }
 

@@ -8,6 +8,7 @@
 
 #include "common/metrics.h"
 #include "device/ipu_device.h"
+#include "profiling/profiler.h"
 
 namespace poptorch::device {
 
@@ -52,6 +53,7 @@ at::Tensor uploadToIpu(const at::Tensor& host, int index) {
   c10::StorageImpl* storage = result.storage().unsafeGetStorageImpl();
   materialize(*storage);
   const size_t nbytes = source.nbytes();
+  const profiling::TransferSpan span(profiling::Kind::kToIpu, static_cast<int64_t>(nbytes), index);
   if (nbytes > 0) std::memcpy(storage->mutable_data(), source.const_data_ptr(), nbytes);
   Metrics::get().bytesToIpu(static_cast<int64_t>(nbytes));
   return result;

@@ -116,6 +116,9 @@ struct Node {
   // in order; they must recur too. Runtime data: not hashed.
   std::vector<c10::IValue> observed;
   Placement placement;
+  // The name scope it was captured in (profiling::pushScope), or -1: how
+  // reports name it. Not hashed.
+  int32_t scope = -1;
 
   explicit Node(c10::OperatorHandle handle) : op(std::move(handle)) {}
   std::string name() const;

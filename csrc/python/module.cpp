@@ -21,6 +21,7 @@
 #include "compiler/executable_lookup.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
+#include "profiling/profiler.h"
 #include "runtime/arena.h"
 #include "runtime/executor.h"
 #include "runtime/program.h"
@@ -85,7 +86,8 @@ std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, const runtim
                                  int64_t return_period, uint64_t seed,
                                  const std::vector<std::pair<int, int64_t>>& output_gathers,
                                  runtime::ReplicaBuffers* replica_buffers,
-                                 const std::function<void()>& before_update) {
+                                 const std::function<void()>& before_update,
+                                 runtime::StepTimeline* timeline) {
   runtime::StepShape shape;
   shape.iterations = iterations;
   shape.accumulation = accumulation;
@@ -95,7 +97,7 @@ std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, const runtim
     shape.output_gathers.push_back({static_cast<runtime::OutputMode>(mode), period});
   }
   return runtime::runSteps(micro_step, update, device_inputs, host_inputs, device_outputs, shape,
-                           seed, replica_buffers, before_update);
+                           seed, replica_buffers, before_update, timeline);
 }
 
 // Python may look at an ipu tensor's storage (serialization, data_ptr(),
@@ -247,6 +249,44 @@ capture::FakeCpuRunner fakeCpuRunner(py::handle fake, py::handle run) {
   };
 }
 
+// poptorch._C.profiling_*: the profiler's events and switches.
+void bindProfiling(py::module& m) {
+  m.def("profiling_set_enabled", &profiling::setEnabled);
+  m.def("profiling_enabled", &profiling::enabled);
+  m.def("profiling_now", &profiling::now, "Nanoseconds on the profiler's (monotonic) clock.");
+  m.def("profiling_set_session", &profiling::setSession,
+        "This thread's events belong to `session` from now on; returns the previous one.");
+  m.def("profiling_record", [](const std::string& name, int64_t start_ns, int64_t end_ns) {
+    profiling::Event event;
+    event.kind = profiling::Kind::kUser;
+    event.name = name;
+    event.start_ns = start_ns;
+    event.end_ns = end_ns;
+    profiling::record(std::move(event));
+  }, "Records a user span (a Channel tracepoint).");
+  m.def("profiling_take", [] {
+    py::list events;
+    for (const profiling::Event& e : profiling::take()) {
+      events.append(py::make_tuple(static_cast<int>(e.kind), e.name, e.ipu, e.start_ns, e.end_ns,
+                                   e.session, e.track, e.program, e.node, e.bytes, e.ipu_bytes));
+    }
+    return events;
+  }, "(kind, name, ipu, start_ns, end_ns, session, track, program, node, bytes, ipu_bytes) of "
+     "the events recorded since the last take.");
+  m.def("profiling_dropped", &profiling::dropped);
+  m.def("profiling_programs", [] {
+    py::dict programs;
+    for (const profiling::ProgramInfo& info : profiling::programs()) {
+      programs[py::int_(info.key)] =
+          py::make_tuple(info.node_names, info.temporary_bytes, info.peak_temporary_bytes);
+    }
+    return programs;
+  }, "key -> (node names, temporaries per node per ipu, peak per ipu) of each executable run "
+     "while profiling.");
+  m.def("push_name_scope", &profiling::pushScope);
+  m.def("pop_name_scope", &profiling::popScope);
+}
+
 }  // namespace
 }  // namespace poptorch
 
@@ -385,6 +425,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("return_period"), py::arg("seed"),
         py::arg("output_gathers") = std::vector<std::pair<int, int64_t>>{},
         py::arg("replica_buffers") = nullptr, py::arg("before_update") = std::function<void()>{},
+        py::arg("timeline") = nullptr,
         py::call_guard<py::gil_scoped_release>());
   py::class_<capture::GraphReplay, std::shared_ptr<capture::GraphReplay>>(
       m, "GraphReplay",
@@ -399,6 +440,16 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "count_dynamo_graph", [](bool recompile) { Metrics::get().dynamoGraph(recompile); },
       py::arg("recompile"));
+  py::class_<runtime::StepTimeline, std::shared_ptr<runtime::StepTimeline>>(
+      m, "StepTimeline", "When each micro-batch of a call moved its data and ran (ns).")
+      .def(py::init<>())
+      .def_readonly("input", &runtime::StepTimeline::input)
+      .def_readonly("input_complete", &runtime::StepTimeline::input_complete)
+      .def_readonly("launch", &runtime::StepTimeline::launch)
+      .def_readonly("launch_complete", &runtime::StepTimeline::launch_complete)
+      .def_readonly("output", &runtime::StepTimeline::output)
+      .def_readonly("output_complete", &runtime::StepTimeline::output_complete);
+  bindProfiling(m);
   py::class_<runtime::ReplicaBuffers, std::shared_ptr<runtime::ReplicaBuffers>>(
       m, "ReplicaBuffers", "Each replica's own values of the buffers a step updates.")
       .def(py::init<std::vector<at::Tensor>, int64_t>(), py::arg("buffers"), py::arg("replicas"))

@@ -15,6 +15,7 @@
 #include "common/ivalue_tensors.h"
 #include "device/ipu_device.h"
 #include "ir/hash.h"
+#include "profiling/profiler.h"
 #include "runtime/arena.h"
 #include "runtime/guard_failure.h"
 
@@ -514,10 +515,17 @@ std::exception_ptr execute(const compiler::Executable& exe, const ir::Graph& cap
   // Kernels run on plain CPU tensors: no autograd or view tracking is wanted.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   Run run(exe, storages, seed_salt);
+  // Timing each node costs only while a profile report is being made.
+  const bool profiling = profiling::enabled();
+  const int64_t start = profiling ? profiling::now() : 0;
   for (size_t i = 0; i < exe.program.nodes.size(); ++i) {
-    const bool ok = run.node(i, captured.nodes[exe.program.nodes[i].source_index]);
+    const ir::Node& source = captured.nodes[exe.program.nodes[i].source_index];
+    const int64_t node_start = profiling ? profiling::now() : 0;
+    const bool ok = run.node(i, source);
+    if (profiling) profiling::nodeRan(exe, i, source, node_start, profiling::now());
     if (!ok && on_error == OnError::kStop) break;
   }
+  if (profiling) profiling::programRan(exe, start, profiling::now());
   return run.settlePoison(storages);
 }
 

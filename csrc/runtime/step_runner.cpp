@@ -12,6 +12,7 @@
 #include "common/metrics.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
+#include "profiling/profiler.h"
 #include "runtime/executor.h"
 #include "runtime/worker.h"
 
@@ -181,29 +182,50 @@ bool lanesApply(const Program* micro_step, const Program* update,
   return micro_step->writesOnly(reloaded, produced);
 }
 
-// Runs micro-batches first, first + stride, ... of `count` on `lane`, and
-// `update` (if any) after every `per_iteration`-th micro-batch.
-void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
-             const std::vector<at::Tensor>& host_inputs, const std::vector<OutputSlots>& slots,
-             std::vector<GatheredOutput>& outputs, uint64_t seed, const Program* update = nullptr,
-             int64_t per_iteration = 1, ReplicaBuffers* replica_buffers = nullptr,
-             int64_t replicas = 1, const std::function<void()>& before_update = {}) {
+// What the lanes of one call share.
+struct Call {
+  const std::vector<at::Tensor>& host_inputs;
+  const std::vector<OutputSlots>& slots;
+  std::vector<GatheredOutput>& outputs;
+  uint64_t seed;
+  StepTimeline* timeline;  // may be null
+  // With one lane only:
+  const Program* update = nullptr;  // after every `per_iteration`-th micro-batch
+  int64_t per_iteration = 1;
+  ReplicaBuffers* replica_buffers = nullptr;
+  int64_t replicas = 1;
+  // Runs before each run of `update` (may be empty).
+  std::function<void()> before_update;
+};
+
+// Runs micro-batches first, first + stride, ... of `count` on `lane`.
+void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count, const Call& call) {
+  StepTimeline* timeline = call.timeline;
   for (int64_t k = first; k < count; k += stride) {
-    if (replica_buffers != nullptr) replica_buffers->select(k % replicas);
-    for (size_t j = 0; j < lane.inputs.size(); ++j) copyRows(host_inputs[j], k, lane.inputs[j]);
-    const Program& ran = lane.run(seed + static_cast<uint64_t>(k) + 1);
+    if (call.replica_buffers != nullptr) call.replica_buffers->select(k % call.replicas);
+    for (size_t j = 0; j < lane.inputs.size(); ++j) {
+      if (timeline != nullptr) timeline->input[j][k] = profiling::now();
+      copyRows(call.host_inputs[j], k, lane.inputs[j]);
+      if (timeline != nullptr) timeline->input_complete[j][k] = profiling::now();
+    }
+    if (timeline != nullptr) timeline->launch[k] = profiling::now();
+    const Program& ran = lane.run(call.seed + static_cast<uint64_t>(k) + 1);
+    if (timeline != nullptr) timeline->launch_complete[k] = profiling::now();
     for (size_t j = 0; j < lane.inputs.size(); ++j) {
       if (ran.writes(lane.inputs[j].storage().unsafeGetStorageImpl())) {
-        copyRowsBack(lane.inputs[j], k, host_inputs[j]);
+        copyRowsBack(lane.inputs[j], k, call.host_inputs[j]);
       }
     }
-    for (size_t o = 0; o < outputs.size(); ++o) {
-      const int64_t slot = slots[o].slotOf(k);
-      if (slot >= 0) outputs[o].gather(slot, slots[o].sums(), lane.outputs[o]);
+    for (size_t o = 0; o < call.outputs.size(); ++o) {
+      const int64_t slot = call.slots[o].slotOf(k);
+      if (slot < 0) continue;
+      if (timeline != nullptr) timeline->output[o][slot] = profiling::now();
+      call.outputs[o].gather(slot, call.slots[o].sums(), lane.outputs[o]);
+      if (timeline != nullptr) timeline->output_complete[o][slot] = profiling::now();
     }
-    if (update != nullptr && (k + 1) % per_iteration == 0) {
-      if (before_update) before_update();
-      update->run();
+    if (call.update != nullptr && (k + 1) % call.per_iteration == 0) {
+      if (call.before_update) call.before_update();
+      call.update->run();
     }
   }
 }
@@ -211,17 +233,16 @@ void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count,
 // Runs micro-batches on two lanes at once, on the threads of an OpenMP team of
 // two: its threads persist between calls, and the kernels inside it run on one
 // thread each (OpenMP does not nest). A smaller team runs both lanes in turn.
-void runInTwoLanes(const Lane& first, const Lane& second, int64_t count,
-                   const std::vector<at::Tensor>& host_inputs,
-                   const std::vector<OutputSlots>& slots,
-                   std::vector<GatheredOutput>& outputs, uint64_t seed) {
+void runInTwoLanes(const Lane& first, const Lane& second, int64_t count, const Call& call) {
   const Lane* lanes[] = {&first, &second};
   std::exception_ptr errors[2];
+  const int64_t session = profiling::currentSession();  // the caller's, for the team's threads
 #pragma omp parallel num_threads(2)
   {
+    const profiling::SessionScope in_session(session, omp_get_thread_num());
     for (int l = omp_get_thread_num(); l < 2; l += omp_get_num_threads()) {
       try {
-        runLane(*lanes[l], l, 2, count, host_inputs, slots, outputs, seed);
+        runLane(*lanes[l], l, 2, count, call);
       } catch (...) {
         errors[l] = std::current_exception();
       }
@@ -229,6 +250,22 @@ void runInTwoLanes(const Lane& first, const Lane& second, int64_t count,
   }
   for (const std::exception_ptr& error : errors) {
     if (error) std::rethrow_exception(error);
+  }
+}
+
+// Sizes the timeline for one call.
+void prepare(StepTimeline& timeline, size_t inputs, int64_t count,
+             const std::vector<OutputSlots>& slots) {
+  const auto n = static_cast<size_t>(count);
+  timeline.input.assign(inputs, std::vector<int64_t>(n, 0));
+  timeline.input_complete.assign(inputs, std::vector<int64_t>(n, 0));
+  timeline.launch.assign(n, 0);
+  timeline.launch_complete.assign(n, 0);
+  timeline.output.clear();
+  timeline.output_complete.clear();
+  for (const OutputSlots& s : slots) {
+    timeline.output.emplace_back(static_cast<size_t>(s.count()), 0);
+    timeline.output_complete.emplace_back(static_cast<size_t>(s.count()), 0);
   }
 }
 
@@ -240,7 +277,8 @@ std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update
                                  const std::vector<at::Tensor>& device_outputs,
                                  const StepShape& shape, uint64_t seed,
                                  ReplicaBuffers* replica_buffers,
-                                 const std::function<void()>& before_update) {
+                                 const std::function<void()>& before_update,
+                                 StepTimeline* timeline) {
   TORCH_CHECK(device_inputs.size() == host_inputs.size(),
               "internal: host and device inputs differ in number");
   Worker::get().waitIdle();
@@ -258,14 +296,16 @@ std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update
 
   const int64_t per_iteration = shape.accumulation * shape.replicas;
   const int64_t count = shape.iterations * per_iteration;
+  if (timeline != nullptr) prepare(*timeline, device_inputs.size(), count, slots);
   const Lane lane{
       [&micro_step](uint64_t seed_salt) -> const Program& { return micro_step.run(seed_salt); },
       device_inputs, device_outputs};
+  Call call{host_inputs, slots, outputs, seed, timeline};
   const Program* unguarded = micro_step.unguarded();
   if (replica_buffers == nullptr &&
       lanesApply(unguarded, update, device_inputs, device_outputs, shape, slots)) {
     auto [twin, second] = twinLane(*unguarded, device_inputs, device_outputs);
-    runInTwoLanes(lane, second, count, host_inputs, slots, outputs, seed);
+    runInTwoLanes(lane, second, count, call);
   } else {
     // Replica 0's buffers are the host's again after the call, even a failed one.
     struct Settle {
@@ -279,8 +319,12 @@ std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update
         }
       }
     } settle{replica_buffers};
-    runLane(lane, 0, 1, count, host_inputs, slots, outputs, seed, update, per_iteration,
-            replica_buffers, shape.replicas, before_update);
+    call.update = update;
+    call.per_iteration = per_iteration;
+    call.replica_buffers = replica_buffers;
+    call.replicas = shape.replicas;
+    call.before_update = before_update;
+    runLane(lane, 0, 1, count, call);
   }
 
   std::vector<at::Tensor> results;

@@ -30,6 +30,19 @@ struct StepShape {
   std::vector<Gather> output_gathers;  // per output (PopTorch's anchored tensors), or empty
 };
 
+// When each micro-batch of a call moved its data and ran, in nanoseconds on
+// profiling::now()'s clock: PopTorch's performance counters
+// (PoplarExecutor.getPerfCounters, the latencies, cycleCount) and the
+// profile's host transfers. A few clock reads per micro-batch.
+struct StepTimeline {
+  // [input][micro-batch]: its rows' copy to the device started, completed.
+  std::vector<std::vector<int64_t>> input, input_complete;
+  // [micro-batch]: its micro-step started, completed.
+  std::vector<int64_t> launch, launch_complete;
+  // [output][slot of the result]: the copy to the host started, completed.
+  std::vector<std::vector<int64_t>> output, output_complete;
+};
+
 // Micro-batch k (ordered by iteration, then accumulation step, then replica)
 // is rows [k*b, (k+1)*b) of every host input, b being the device input's first
 // dimension. After each run of `micro_step` the device outputs are gathered
@@ -39,12 +52,14 @@ struct StepShape {
 // `replica_buffers` (may be null) swaps in each replica's own buffers.
 // `before_update` (may be empty) runs before each run of `update`: with replicas
 // in other processes, it reduces the accumulated gradients across them.
+// `timeline` (may be null) records when each micro-batch moved and ran.
 std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update,
                                  const std::vector<at::Tensor>& device_inputs,
                                  const std::vector<at::Tensor>& host_inputs,
                                  const std::vector<at::Tensor>& device_outputs,
                                  const StepShape& shape, uint64_t seed,
                                  ReplicaBuffers* replica_buffers = nullptr,
-                                 const std::function<void()>& before_update = {});
+                                 const std::function<void()>& before_update = {},
+                                 StepTimeline* timeline = nullptr);
 
 }  // namespace poptorch::runtime

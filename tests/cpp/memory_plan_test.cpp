@@ -51,6 +51,24 @@ TEST(MemoryPlan, TemporariesCountOnTheIpuOfTheBlockThatMakesThem) {
   b.add(t2, t1, out).placement = {1, 1, 0, 3};
   const auto exe = compiler::compile(b.graph, 1);
   EXPECT_EQ(exe->peak_temporary_bytes, (std::vector<int64_t>{0, 256, 0, 256}));
+  const std::vector<std::vector<int64_t>> by_node{{0, 256}, {0, 256, 0, 256}, {0, 256, 0, 256}};
+  EXPECT_EQ(compiler::temporaryBytesByNode(*exe), by_node);
+}
+
+TEST(MemoryPlan, TemporaryBytesByNodeFollowEachTemporaryFromFirstToLastUse) {
+  GraphBuilder b;
+  const auto x = b.buffer(64, true);
+  const auto t1 = b.buffer(64);
+  const auto t2 = b.buffer(64);
+  const auto t3 = b.buffer(64);
+  const auto out = b.buffer(64, false, true);
+  b.square(x, t1);     // t1
+  b.add(t1, x, t2);    // t1 and t2; t1's last use
+  b.square(t2, t3);    // t2 and t3
+  b.add(t3, t2, out);  // t2 and t3, both last used here
+  const auto exe = compiler::compile(b.graph, 1);
+  const std::vector<std::vector<int64_t>> expected{{256}, {512}, {512}, {512}};
+  EXPECT_EQ(compiler::temporaryBytesByNode(*exe), expected);
 }
 
 TEST(Compiler, GuardedWritesAreTheExternalWritesBeforeTheLastGuard) {
