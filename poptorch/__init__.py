@@ -13,6 +13,7 @@ import torch
 from . import _C
 from . import _ops
 from . import _cpu_defaults, _device_module, _dynamo_backend, _fake_cpu
+from . import _profiling
 from . import _grad_scaler
 from . import _serialization
 from . import autocasting
@@ -22,6 +23,7 @@ from . import optim
 from ._annotations import BeginBlock, Block, BlockFunction, removeBlocks
 from ._execution_strategy import (ParallelPhasedExecution, Phase, PipelinedExecution,
                                   SerialPhasedExecution, ShardedExecution, Stage)
+from . import profiling
 from ._compile_hooks import registerPostCompileHook, registerPreCompileHook
 from ._data_accessor import AsynchronousDataAccessor
 from ._dataloader import DataLoader
@@ -40,6 +42,7 @@ from .enums import *  # noqa: F401,F403  (PopTorch's enums are poptorch.<name> t
 from .options import Options, TensorLocationSettings
 
 torch._register_device_module("ipu", _device_module)
+_profiling.start_from_environment()
 _serialization.install()
 _grad_scaler.install()
 _dynamo_backend.install()
@@ -114,7 +117,8 @@ __all__ = [
     "ICustomArgParser", "Options", "PoplarExecutor", "RecoverableError",
     "TensorLocationSettings", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
     "ipuHardwareIsAvailable", "ipuHardwareVersion", "isRunningOnIpu", "load", "logger",
-    "metrics", "module_repr", "optim", "registerCustomArgParser", "registerPostCompileHook",
+    "metrics", "module_repr", "optim", "profiling", "registerCustomArgParser",
+    "registerPostCompileHook",
     "registerPreCompileHook", "reset_metrics", "setLogLevel", "BeginBlock", "Block",
     "BlockFunction", "ParallelPhasedExecution", "Phase", "PipelinedExecution",
     "SerialPhasedExecution", "ShardedExecution", "Stage", "removeBlocks",

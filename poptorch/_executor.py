@@ -31,6 +31,7 @@ from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import Error
 from ._execution_strategy import PipelinedExecution, check_split
+from ._executor_profiling import ExecutorProfiling
 from ._input_groups import expand_input_groups, group_rows
 from ._logging import logger
 from ._printing import module_repr
@@ -70,7 +71,7 @@ def _locked(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-class PoplarExecutor(WrapperState):
+class PoplarExecutor(WrapperState, ExecutorProfiling):
     """The wrapped model. Do not create it directly: use
     :func:`trainingModel` or :func:`inferenceModel`."""
 
@@ -111,6 +112,7 @@ class PoplarExecutor(WrapperState):
         # The executables this model's captures used (and those loaded from a
         # file): what compileAndExport writes.
         self._executables = _C.ExecutableSet()
+        self._start_profiling()
         if training:
             _wrapped_model.wrap(model, self)  # model.destroy(), as in PopTorch
 
@@ -243,7 +245,8 @@ class PoplarExecutor(WrapperState):
             raise Error("attachToDevice: the model is not compiled yet")
         if self._attached:
             raise Error("attachToDevice: the model is already attached")
-        self._capture(progress=None)
+        with self._profiled("capture the step again"):
+            self._capture(progress=None)
 
     @_locked
     def destroy(self) -> None:
@@ -252,6 +255,7 @@ class PoplarExecutor(WrapperState):
             self.detachFromDevice()
         self._destroyed = True
         _wrapped_model.unwrap(self._model, self)
+        self._close_profile()
 
     @property
     def model(self) -> torch.nn.Module:
@@ -336,8 +340,9 @@ class PoplarExecutor(WrapperState):
         # Random ops follow the generator's state when the model is compiled.
         self._capture_seed = int(torch.randint(0, 2**62, (1,)))
         progress = _Progress() if self._options.show_compilation_progress_bar else None
+        what = "training" if self._training else "inference"
         try:
-            with _compile_hooks.compile_hooks():
+            with _compile_hooks.compile_hooks(), self._profiled(f"capture the {what} step"):
                 self._capture(progress)
         finally:
             if progress:
@@ -436,7 +441,8 @@ class PoplarExecutor(WrapperState):
         strategy = self._options.execution_strategy or PipelinedExecution()
         step = StepCapture(self._model, self._state, self._training, self._device_optimizer,
                            accumulate, device_inputs, args, kwargs, self._options.Precision,
-                           strategy, anchors, self._capture_seed)
+                           strategy, anchors, self._capture_seed,
+                           self._options.module_namescope)
         self._step = step
         first = step.micro_step()
         # The weights go to their blocks' IPUs before the update is captured:
@@ -516,12 +522,15 @@ class PoplarExecutor(WrapperState):
         gathers = [] if step.anchors is None else [  # anchored tensors have modes of their own
             (native[m], period) for m, period in step.anchors.gathers(
                 (mode, o.output_return_period), len(step.device_outputs))]
-        with self._lookup_scope():  # a failed guard captures the step again
+        timeline = _C.StepTimeline()
+        with self._lookup_scope(), self._profiled():  # a failed guard captures the step again
             results = iter(_C.run_steps(self._micro_step, self._update, step.device_inputs,
                                         host_inputs, step.device_outputs, o.device_iterations,
                                         self._accumulation, o.replication_factor, native[mode],
                                         o.output_return_period, seed, gathers,
-                                        self._replica_buffers, self._before_update))
+                                        self._replica_buffers, self._before_update,
+                                        timeline))
+        self._after_call(timeline, step.device_inputs, step.device_outputs)
         self._write_back(self._given, host_inputs)
         if self._training:
             # The optimiser stepped, on the device: an LR scheduler stepped

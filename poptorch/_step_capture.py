@@ -35,6 +35,7 @@ from ._device_state import DeviceState
 from ._errors import Error
 from ._logging import logger
 from ._losses import LossRecorder, RunningOnIpu
+from ._ops.name_scope import module_name_scopes
 
 _DEFAULT_MAX_VARIANTS = 8
 
@@ -64,10 +65,12 @@ class StepCapture:
                  optimizer: Optional[DeviceOptimizer], accumulate: bool,
                  device_inputs: List[torch.Tensor], args: Tuple[Any, ...],
                  kwargs: Dict[str, Any], precision: Any, strategy: Any,
-                 anchors: Optional[Anchors] = None, seed: int = 0) -> None:
+                 anchors: Optional[Anchors] = None, seed: int = 0,
+                 module_namescope: bool = True) -> None:
         self.model = model
         self.strategy = strategy  # Options.setExecutionStrategy: places the model's blocks
         self.split: Optional[Split] = None  # how the blocks split the model (set by a capture)
+        self.module_namescope = module_namescope  # ops named after modules in profiles
         self.precision = precision  # Options.Precision: the casts of the forward
         # Random ops draw their seeds from the default generator seeded with
         # this while captured, so that capturing again (after
@@ -112,8 +115,10 @@ class StepCapture:
         recorder = LossRecorder(self.model)
         # Tensors made in forward without a device are constants of the step
         # on the IPU, as in PopTorch (random ones are drawn there on every run).
+        scopes = (module_name_scopes(self.model) if self.module_namescope
+                  else contextlib.nullcontext())
         with self._seeded(), _whole_step_capture(), capturing_blocks(self.strategy) as blocks, \
-                recorder, RunningOnIpu(), self._state.device:
+                recorder, RunningOnIpu(), self._state.device, scopes:
             with torch.enable_grad() if self.training else torch.no_grad(), \
                     _precision.forward_casting(self.precision, self.model), \
                     device_parameters(self.model, self._state.host, self._state.tensors), \

@@ -60,16 +60,12 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
                        "the emulated IPU is always attached"),
     "syncPattern": (_only(SyncPattern.Full), "there are no IPUs to synchronise"),
     "enableSyntheticData": (_only(False), "inputs always come from the host"),
-    "enableProfiling": (_never, "no PopVision reports are produced"),
-    "logDir": (_never, "the emulator writes no report files"),
-    "logCycleCount": (_only(False), "the emulator counts no IPU cycles"),
+    "logDir": (_never, "PopTorch writes no log files (profiles go where enableProfiling says)"),
     "sourceLocationExcludes": (
         lambda excludes: tuple(excludes) == _DEFAULT_LOCATION_EXCLUDES,
         "errors name the first frame outside torch and poptorch"),
     "setAvailableMemoryProportion": (_never, "host kernels have no tile memory to share"),
     "enableStableNorm": (_only(True), "the host's norm kernels are the stable ones"),
-    "modelName": (_never, "no profiling reports are written"),
-    "disableModuleNamescope": (_never, "ops are not named after modules"),
     "Training.setMeanAccumulationAndReplicationReductionStrategy": (
         _only(MeanReductionStrategy.Post), "gradients are summed over the micro-batches and "
         "divided once at the update (Post), which equals the other strategies up to rounding"),
@@ -773,23 +769,27 @@ class Options(_Settings):
 
     def enableProfiling(self, profile_dir: Optional[Union[str, os.PathLike[str]]] = None
                         ) -> Options:
-        """Write PopVision profiling reports to ``profile_dir`` (None: the
-        current directory)."""
-        return self._set_not_honoured("enableProfiling", "profile_dir",
-                                      _str("enableProfiling", profile_dir or "."))
+        """Write a profile report of the model to ``profile_dir`` (None: the
+        current directory), in a folder named after ``modelName`` (else
+        ``training`` or ``inference``): a Chrome/Perfetto trace
+        (``trace.json``), the memory of each IPU over each program
+        (``memory.json``), a summary and an HTML page of both
+        (``report.html``). It is written when the model is destroyed or
+        garbage-collected, or when Python exits."""
+        return self._set("profile_dir", _str("enableProfiling", profile_dir or "."))
 
     def modelName(self, name: str) -> Options:
-        """The model's name, which names its profiling reports."""
-        return self._set_not_honoured("modelName", "model_name", _str("modelName", name))
+        """The model's name, which names its profile report's folder."""
+        return self._set("model_name", _str("modelName", name))
 
     def logDir(self, log_dir: Union[str, os.PathLike[str]]) -> Options:
         """Where PopTorch writes its log files."""
         return self._set_not_honoured("logDir", "log_dir", _str("logDir", log_dir))
 
     def logCycleCount(self, log_cycle_count: bool) -> Options:
-        """Count and log the IPU cycles of each run."""
-        return self._set_not_honoured("logCycleCount", "log_cycle_count",
-                                      _bool("logCycleCount", log_cycle_count))
+        """Count (model) the IPU cycles of each call, log them, and let
+        ``cycleCount()`` return them."""
+        return self._set("log_cycle_count", _bool("logCycleCount", log_cycle_count))
 
     def broadcastBuffers(self, broadcast_buffers: bool = True) -> Options:
         """With replicas, buffers the model changes in place cannot be
@@ -799,8 +799,8 @@ class Options(_Settings):
         return self._set("broadcast_buffers", _bool("broadcastBuffers", broadcast_buffers))
 
     def disableModuleNamescope(self) -> Options:
-        """Stop naming ops after the modules that run them."""
-        return self._set_not_honoured("disableModuleNamescope", "module_namescope", False)
+        """Stop naming ops after the modules that run them (in profile reports)."""
+        return self._set("module_namescope", False)
 
     # -- whole object
     def _items(self) -> Iterator[Tuple[str, Any, Any]]:

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
-for pkg in g++ cmake ninja-build ccache libgtest-dev libabsl-dev libgoogle-glog-dev; do
+# chromium: the tests open the profile's HTML page in a real (headless) browser.
+for pkg in g++ cmake ninja-build ccache libgtest-dev libabsl-dev libgoogle-glog-dev chromium; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if ((${#missing[@]})); then

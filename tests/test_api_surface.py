@@ -92,12 +92,7 @@ DATA = ["DataLoader.combinedBatchSize", "DataLoader.options", "DataLoader.termin
 
 ISSUE_12 = "issue 12 (PopTorch ops, precision, precompilation, profiling)"
 EXPECTED_MISSING = {
-    **{f"poptorch.{name}": ISSUE_12 for name in (
-        "profiling", "Attribute", "NameScope")},
-    **{f"PoplarExecutor.{name}": ISSUE_12 for name in (
-        "cycleCount", "compilationTime",
-        "getPerfCounters", "getHostIpuLatency", "getComputeLatency", "getIpuHostLatency",
-        "getLatency")},
+    **{f"poptorch.{name}": ISSUE_12 for name in ("Attribute",)},
 }
 
 
