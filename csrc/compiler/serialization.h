@@ -5,9 +5,9 @@
 //
 // What varies from one run of an executable to the next (runtime arguments,
 // seeds, the deterministic-algorithms setting of each call, values observed
-// while capturing, where guards read their values) is read from the graph as
-// captured and is not part of an entry: Executable::program keeps placeholders
-// for it when decoded.
+// while capturing, where guards read their values, each node's name scope for
+// profiles) is read from the graph as captured and is not part of an entry:
+// Executable::program keeps placeholders for it when decoded.
 #pragma once
 
 #include <memory>
