@@ -149,7 +149,6 @@ def test_matmul_of_mixed_dtypes_with_an_empty_result_has_the_cpus_dtype():
     assert dtypes[0] == dtypes[1] == torch.int32
 
 
-@known_issue("max_min_of_empty")
 @pytest.mark.parametrize("reduce", [torch.max, torch.min])
 def test_max_and_min_of_an_empty_tensor_raise(reduce):
     for dev in DEVICES:

@@ -213,9 +213,9 @@ std::pair<int64_t, int64_t> byteRange(const at::Tensor& t) {
 }
 
 // The CPU's copy_ refuses a destination with several elements at one place,
-// or one sharing memory with a source that is not the very same view. Meta tensors have no memory to compare, so capture checks
-// the ipu tensors' storages (PyTorch's check reads data pointers, which a lazy
-// storage lacks).
+// or one sharing memory with a source that is not the very same view. Meta tensors have no memory
+// to compare, so capture checks the ipu tensors' storages (PyTorch's check reads data pointers,
+// which a lazy storage lacks).
 void checkCopyOverlap(const at::Tensor& dst, const at::Tensor& src) {
   TORCH_CHECK(at::has_internal_overlap(dst) != at::MemOverlap::Yes,
               "unsupported operation: more than one element of the written-to tensor refers to "

@@ -164,11 +164,9 @@ bool isViewOp(const c10::FunctionSchema& schema) {
 
 std::atomic<MustPropagate> must_propagate{nullptr};
 
-// Checks a CPU kernel makes at the call that neither a structured meta function
-// nor the op's Meta kernel makes. rsub is not structured: its CPU kernel
-// refuses bool operands as sub's meta function does (sub_check).
-void checkAsCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
-  if (op.schema().name() != "aten::rsub" || arguments.size() < 2) return;
+// rsub is not structured: its CPU kernel refuses bool operands as sub's meta
+// function does (sub_check).
+void checkRsubOperands(c10::ArrayRef<c10::IValue> arguments) {
   auto is_bool = [](const c10::IValue& v) {
     return v.isTensor() ? v.toTensor().scalar_type() == at::kBool : v.isBool();
   };
@@ -181,6 +179,21 @@ void checkAsCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
               "Subtraction, the `-` operator, with a bool tensor is not supported. "
               "If you are trying to invert a mask, use the `~` or `logical_not()` operator "
               "instead.");
+}
+
+// Checks a CPU kernel makes at the call that neither a structured meta function
+// nor the op's Meta kernel makes: rsub's operands, and max()/min() over every
+// element of an empty tensor (the Meta kernel returns -inf/inf).
+void checkAsCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  const std::string& name = op.schema().name();
+  if (name == "aten::rsub" && arguments.size() >= 2) {
+    checkRsubOperands(arguments);
+  } else if ((name == "aten::max" || name == "aten::min") && arguments.size() == 1 &&
+             arguments[0].isTensor()) {
+    TORCH_CHECK(arguments[0].toTensor().numel() != 0, name.substr(6),
+                "(): Expected reduction dim to be specified for input.numel() == 0. "
+                "Specify the reduction dim with the 'dim' argument.");
+  }
 }
 
 // Arguments on which a PyTorch Meta kernel disagrees with the CPU kernel,
@@ -241,7 +254,8 @@ bool runStructuredMeta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
        name == "aten::index_reduce_") &&
       arguments.size() > 3 && arguments[3].isTensor() && arguments[1].isInt()) {
     const at::Tensor& source = arguments[3].toTensor();
-    if (source.dim() > 0 && source.size(at::maybe_wrap_dim(arguments[1].toInt(), source.dim())) == 0) {
+    if (source.dim() > 0 &&
+        source.size(at::maybe_wrap_dim(arguments[1].toInt(), source.dim())) == 0) {
       return false;
     }
   }

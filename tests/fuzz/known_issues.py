@@ -64,12 +64,6 @@ KNOWN_ISSUES: Dict[str, KnownIssue] = {
         test="test_matmul_of_mixed_dtypes_with_an_empty_result_has_the_cpus_dtype",
         ops=("matmul:",),
         hits=lambda line, ns: DTYPE_NAMES[ns[line.reads[0]].dtype] not in line.code),
-    "max_min_of_empty": KnownIssue(
-        reason="x.max() / x.min() of an empty tensor: the CPU raises, the ipu returns -inf/inf "
-               "(issue 9 item 8: being fixed by another helper)",
-        test="test_max_and_min_of_an_empty_tensor_raise",
-        ops=("reduction:max_all", "reduction:min_all"),
-        hits=lambda line, ns: ns[line.reads[0]].numel() == 0),
     "out_aliasing_an_input_resized": KnownIssue(
         reason="an out= tensor that shares memory with an input, of another shape than the "
                "result: the CPU refuses it (TensorIterator never resizes an output it reads, "
