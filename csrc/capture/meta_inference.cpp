@@ -207,33 +207,6 @@ void alignWithCpuKernel(const c10::OperatorHandle& op, torch::jit::Stack& meta_a
   }
 }
 
-// Results whose dtype a PyTorch Meta kernel gives as CUDA computes them, not as
-// the CPU does. Batch norm's saved mean and inverse std are float32 for a
-// float16/bfloat16 input on CUDA (and Meta), but the CPU keeps the input's dtype
-// unless a parameter is float32 (its mixed-type kernel), and its backward
-// refuses saved statistics of another dtype. (FakeTensor on the CPU device
-// does not know the mixed-type kernel either.)
-void alignResultsWithCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
-                               MetaResult* result) {
-  const std::string& name = op.schema().name();
-  if (name != "aten::native_batch_norm" && name != "aten::_native_batch_norm_legit" &&
-      name != "aten::_native_batch_norm_legit_no_training") {
-    return;
-  }
-  const at::ScalarType input = arguments[0].toTensor().scalar_type();
-  if (input != at::kHalf && input != at::kBFloat16) return;
-  at::ScalarType statistics = input;
-  for (const c10::IValue& parameter : arguments.slice(1)) {
-    if (parameter.isTensor() && parameter.toTensor().defined() &&
-        parameter.toTensor().scalar_type() == at::kFloat) {
-      statistics = at::kFloat;  // the mixed-type kernel: float32 statistics
-    }
-  }
-  for (size_t i = 1; i < result->returns.size(); ++i) {
-    for (Layout& layout : result->returns[i].tensors) layout.dtype = statistics;
-  }
-}
-
 // PyTorch 2.13 replaces the C++ Meta kernels of most ops with Python
 // decompositions (torch/_meta_registrations.py, for FakeTensor), which skip
 // checks the CPU kernel makes when it is called: overlap of in-place and
@@ -308,7 +281,27 @@ Layout contiguousLayout(c10::ScalarType dtype, c10::IntArrayRef sizes) {
 void correctForCpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                    MetaResult& result) {
   const std::string& name = op.operator_name().name;
-  if (name == "aten::_embedding_bag_forward_only" || name == "aten::_embedding_bag") {
+  if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
+       name == "aten::_native_batch_norm_legit_no_training") &&
+      (arguments[0].toTensor().scalar_type() == at::kHalf ||
+       arguments[0].toTensor().scalar_type() == at::kBFloat16)) {
+    // Batch norm's saved mean and inverse std are float32 for a float16/bfloat16
+    // input on CUDA (and Meta), but the CPU keeps the input's dtype unless a
+    // parameter is float32 (its mixed-type kernel), and its backward refuses
+    // saved statistics of another dtype. FakeTensor on the CPU device does not
+    // know the mixed-type kernel either.
+    const at::ScalarType input = arguments[0].toTensor().scalar_type();
+    at::ScalarType statistics = input;
+    for (const c10::IValue& parameter : arguments.slice(1)) {
+      if (parameter.isTensor() && parameter.toTensor().defined() &&
+          parameter.toTensor().scalar_type() == at::kFloat) {
+        statistics = at::kFloat;  // the mixed-type kernel: float32 statistics
+      }
+    }
+    for (size_t i = 1; i < result.returns.size(); ++i) {
+      for (Layout& layout : result.returns[i].tensors) layout.dtype = statistics;
+    }
+  } else if (name == "aten::_embedding_bag_forward_only" || name == "aten::_embedding_bag") {
     // (weight, indices, offsets, scale_grad_by_freq, mode, sparse,
     //  per_sample_weights, include_last_offset, padding_idx)
     constexpr int64_t kSum = 0;
@@ -404,15 +397,15 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
   meta_args.reserve(arguments.size());
   for (const c10::IValue& value : arguments) meta_args.push_back(twins.convert(value));
   alignWithCpuKernel(op, meta_args);
-  torch::jit::Stack meta_stack;
+  // Neither runStructuredMeta nor FakeCpuInference touches the stack when it
+  // declines the op.
+  torch::jit::Stack meta_stack = meta_args;
   try {
     // Shape inference is capture's business: it stays out of the user's profiles.
     at::DisableRecordFunctionGuard not_profiled;
     // The CPU's own checks first (structured ops), then the CPU's layouts.
-    meta_stack = meta_args;
     if (!runStructuredMeta(op, arguments, &meta_stack) &&
         !FakeCpuInference::get().run(op, &meta_args, &meta_stack)) {
-      meta_stack = meta_args;
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta_stack);
     }
   } catch (const c10::NotImplementedError& error) {
@@ -450,7 +443,6 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
     }
     result.returns.push_back(std::move(info));
   }
-  alignResultsWithCpuKernel(op, arguments, &result);
   const auto& schema = op.schema();
   result.written.resize(arguments.size());
   for (size_t i = 0; i < arguments.size(); ++i) {
