@@ -25,6 +25,7 @@ from . import _inputs
 from . import _ipu_memory
 from . import _precision
 from . import _precompilation
+from . import _replica_grouping
 from . import _wrapped_model
 from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
@@ -98,6 +99,12 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         self._micro_step: Optional[Any] = None
         self._replica_buffers: Optional[Any] = None  # broadcastBuffers(False)
         self._update: Optional[Any] = None
+        # Replica-grouped weights, as PopTorch names them: parameter name ->
+        # (CommGroupType, replicas per group, VariableRetrievalMode). Read
+        # when the model is compiled (see _replica_grouping.py).
+        self.per_replica_params: Dict[str, Any] = {}
+        self._grouped: Optional[_replica_grouping.GroupedWeights] = None
+        self._grouped_as: Dict[str, Any] = {}  # per_replica_params when compiled
         # With replicas in other processes: sums their gradients before each update.
         self._before_update: Optional[Callable[[], None]] = None
         self._compiled = False
@@ -132,6 +139,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         if not self._compiled:
             self._compile(leaves, spec)
         else:
+            self._check_grouping()
             self._check_inputs(leaves, spec)
             if not self._attached:
                 logger.info("attaching the model to the IPU again")
@@ -234,7 +242,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         self._state.detach()
         self._device_optimizer = None
         self._micro_step = self._update = self._step = self._replica_buffers = None
-        self._before_update = None
+        self._before_update = self._grouped = None
         self._attached = False
 
     @_locked
@@ -245,6 +253,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
             raise Error("attachToDevice: the model is not compiled yet")
         if self._attached:
             raise Error("attachToDevice: the model is already attached")
+        self._check_grouping()
         with self._profiled("capture the step again"):
             self._capture(progress=None)
 
@@ -271,7 +280,10 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         # Attributes of the wrapped model (PopTorch's wrapper is a shallow copy of it).
         if name.startswith("_"):
             raise AttributeError(name)
-        return getattr(self._model, name)
+        value = getattr(self._model, name)
+        if isinstance(value, torch.nn.Parameter):
+            _replica_grouping.offer_grouping(value, self, name)  # W.replicaGrouping(...)
+        return value
 
     def __reduce_ex__(self, protocol: int) -> Any:
         # pickle, torch.save and copy.deepcopy: the compiled programs and the
@@ -416,6 +428,9 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
                 self._optimizer, device_params, _DEVICE,
                 relax_checks=self._options.relax_optimizer_attributes_checks,
                 automatic_loss_scaling=self._options.Training.automatic_loss_scaling)
+        self._grouped = _replica_grouping.grouped_weights(
+            self.per_replica_params, self._model, self._options, self._device_optimizer, _DEVICE)
+        self._grouped_as = dict(self.per_replica_params)
         device_inputs = []
         device_leaves = []
         for leaf in self._examples:
@@ -426,6 +441,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
                 device_leaves.append(micro)
             else:
                 device_leaves.append(leaf)
+        if self._grouped is not None:
+            device_inputs.append(self._grouped.replica_index)  # read by the step, not forward
         _C.synchronize()
         if progress:
             progress.to(10)
@@ -442,7 +459,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         step = StepCapture(self._model, self._state, self._training, self._device_optimizer,
                            accumulate, device_inputs, args, kwargs, self._options.Precision,
                            strategy, anchors, self._capture_seed,
-                           self._options.module_namescope)
+                           self._options.module_namescope, self._grouped)
         self._step = step
         first = step.micro_step()
         # The weights go to their blocks' IPUs before the update is captured:
@@ -487,6 +504,12 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
             raise Error(f"{what}: the model is not attached to the IPU (compile it by calling "
                         f"it, or call attachToDevice())")
 
+    def _check_grouping(self) -> None:
+        if self.per_replica_params != self._grouped_as:
+            raise Error("per_replica_params changed after the model was compiled (it was "
+                        f"{self._grouped_as}, it is {self.per_replica_params}): group the "
+                        "weights before the first call, or wrap the model again")
+
     def _check_inputs(self, leaves: List[Any], spec: Any) -> None:
         if spec != self._spec:
             raise Error("the model was compiled for inputs with another structure "
@@ -512,6 +535,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         # micro-batches the step changes in place back into these rows.
         host_inputs = [t.detach().reshape(1).expand(n).contiguous() if t.dim() == 0
                        else t.detach().cpu().contiguous() for t in tensors]
+        if self._grouped is not None:
+            host_inputs.append(self._grouped.host_replica_index(n))
         o = self._options
         mode = o.output_mode
         if mode == OutputMode.Default:

@@ -130,6 +130,7 @@ def payload(executor: Any, export_model: bool, save_rng_state: bool) -> Dict[str
                    "objects": executor._input_objects},
         "rng_state": executor.rng_state if save_rng_state else None,
         "capture_seed": executor._capture_seed,
+        "per_replica_params": dict(executor.per_replica_params),
         "executables": list(executor._executables.entries()),
     }
 
@@ -180,6 +181,7 @@ def load(filename: str, edit_opts_fn: Optional[Callable[[Options], None]] = None
         executor = trainingModel(saved["model"], options, optimizer)
     else:
         executor = inferenceModel(saved["model"], options)
+    executor.per_replica_params.update(saved.get("per_replica_params", {}))
     executor._load(filename, saved)
     if saved.get("loss_scaling") is not None:
         with torch.no_grad():  # an upload: the captured graphs stay the same

@@ -33,6 +33,7 @@ from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import Error
+from ._replica_grouping import GroupedWeights
 from ._logging import logger
 from ._losses import LossRecorder, RunningOnIpu
 from ._ops.name_scope import module_name_scopes
@@ -66,11 +67,13 @@ class StepCapture:
                  device_inputs: List[torch.Tensor], args: Tuple[Any, ...],
                  kwargs: Dict[str, Any], precision: Any, strategy: Any,
                  anchors: Optional[Anchors] = None, seed: int = 0,
-                 module_namescope: bool = True) -> None:
+                 module_namescope: bool = True, grouped: Optional[GroupedWeights] = None
+                 ) -> None:
         self.model = model
         self.strategy = strategy  # Options.setExecutionStrategy: places the model's blocks
         self.split: Optional[Split] = None  # how the blocks split the model (set by a capture)
         self.module_namescope = module_namescope  # ops named after modules in profiles
+        self.grouped = grouped  # replica-grouped weights: forward sees its replica's row
         self.precision = precision  # Options.Precision: the casts of the forward
         # Random ops draw their seeds from the default generator seeded with
         # this while captured, so that capturing again (after
@@ -119,13 +122,16 @@ class StepCapture:
                   else contextlib.nullcontext())
         with self._seeded(), _whole_step_capture(), capturing_blocks(self.strategy) as blocks, \
                 recorder, RunningOnIpu(), self._state.device, scopes:
-            with torch.enable_grad() if self.training else torch.no_grad(), \
-                    _precision.forward_casting(self.precision, self.model), \
-                    device_parameters(self.model, self._state.host, self._state.tensors), \
-                    _buffers.kept_in_forward(self.model, self._state.tensors):
-                outputs = torch.func.functional_call(self.model, self._swapped_tensors(),
-                                                     self._args, self._kwargs, strict=False,
-                                                     tie_weights=False)
+            with torch.enable_grad() if self.training else torch.no_grad():
+                # A grouped weight's forward sees its replica's row.
+                rows = self.grouped.views(self._state.tensors) if self.grouped else {}
+                tensors = {**self._swapped_tensors(), **rows}
+                with _precision.forward_casting(self.precision, self.model), \
+                        device_parameters(self.model, self._state.host, self._state.tensors), \
+                        _buffers.kept_in_forward(self.model, {**self._state.tensors, **rows}):
+                    outputs = torch.func.functional_call(self.model, tensors, self._args,
+                                                         self._kwargs, strict=False,
+                                                         tie_weights=False)
             self.split = blocks.end_forward()
             if self.training:
                 self._backward(recorder.loss(outputs))

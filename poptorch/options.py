@@ -562,11 +562,23 @@ class Options(_Settings):
         return self._set("device_iterations", _int(
             "deviceIterations", device_iterations, 1, "the number of batches per call"))
 
-    def replicationFactor(self, replication_factor: int) -> Options:
+    def replicationFactor(self, replication_factor: int,
+                          input_replication_factor: Optional[int] = None) -> Options:
         """Replicas of the model running in data parallel. The emulator runs
-        them one after another on one set of weights."""
-        return self._set("replication_factor", _int(
-            "replicationFactor", replication_factor, 1, "the number of replicas"))
+        them one after another on one set of weights (one per group for
+        replica-grouped weights). ``input_replication_factor`` (PopTorch's
+        earlier form of :meth:`inputReplicaGrouping`) splits the inputs that
+        many ways: consecutive groups of ``replication_factor /
+        input_replication_factor`` replicas share their inputs."""
+        replicas = _int("replicationFactor", replication_factor, 1, "the number of replicas")
+        if input_replication_factor is not None:
+            ways = _int("replicationFactor", input_replication_factor, 1,
+                        "the input replication factor")
+            if replicas % ways:
+                raise Error(f"replicationFactor({replicas}, {ways}): the input replication "
+                            f"factor must divide the replication factor")
+            self.inputReplicaGrouping(replicas // ways, CommGroupType.Consecutive)
+        return self._set("replication_factor", replicas)
 
     def inputReplicaGrouping(self, input_group_size: int,
                              input_group_type: CommGroupType = CommGroupType.Consecutive

@@ -149,3 +149,28 @@ def test_the_distributed_digits_example_trains(tmp_path):
                                result.stdout).group(1))
     assert accuracy > 60.0, result.stdout
     assert (tmp_path / "ckpt.pt").exists()
+
+
+def test_replica_grouped_weights_across_processes(tmp_path):
+    """2 processes x 2 replicas with grouped weights (groups within and across
+    processes, one row per group or per replica) equal one process with 4
+    replicas, which test_replica_grouping checks against the CPU."""
+    from dist_scripts import grouped_training as script
+
+    result = torchrun("grouped_training.py", str(tmp_path / "out.pt"), str(ROOT / "tests"))
+    _check(result)
+    processes = torch.load(tmp_path / "out.pt", weights_only=False)
+    close = dict(rtol=1e-4, atol=1e-5)
+    for key, grouping in script.GROUPINGS.items():
+        model = script.model_for(grouping)
+        training = script.wrap(model, script.REPLICAS, grouping)
+        outputs = [training(*script.batch(step)) for step in range(script.STEPS)]
+        for rank, results in enumerate(processes):
+            weights, got = results[key]
+            for name, value in model.state_dict().items():
+                torch.testing.assert_close(weights[name], value, **close,
+                                           msg=f"{key} {name} rank {rank}")
+            for (out, loss), (got_out, got_loss) in zip(outputs, got):
+                torch.testing.assert_close(got_out, script.mine(out, rank), **close)
+                torch.testing.assert_close(got_loss, script.mine(loss, rank), **close)
+        training.destroy()
