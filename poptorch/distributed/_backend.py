@@ -10,9 +10,10 @@ buffers back. So ``init_process_group()`` with its default arguments (gloo for
 the CPU), ``init_process_group("ipu")`` and ``"cpu:gloo,ipu:ipu"`` all work with
 ipu tensors, and ``DistributedDataParallel`` reduces ipu gradients.
 
-Collectives complete before they return (``async_op=True`` gives a completed
-``Work``): the emulated IPU's buffers are host memory, so there is nothing to
-overlap with.
+A collective reads its inputs when it is called (they are copied to the host
+then); the host backend carries them on its own threads, and the ``Work`` it
+returns completes once the results are written back, so ``async_op=True``
+overlaps the exchange with the caller's work until ``wait()``.
 """
 from __future__ import annotations
 
@@ -51,15 +52,15 @@ def _map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
 def _is_work(value: Any) -> bool:
     return isinstance(value, torch.ScriptObject) and "Work" in str(value._type())
 
-def _completed_work(result: Any) -> torch.ScriptObject:
-    """A completed Work whose future holds ``result`` (DDP reads its gradients
-    from the future of its all-reduce)."""
-    future: torch.futures.Future = torch.futures.Future()
-    future.set_result(result)
-    return _create_work_from_future(future).boxed()
-
 def _host_collective(name: str, writes_first: bool, *args: Any) -> Any:
-    """The ipu kernel of ``c10d::<name>``: the collective on host copies."""
+    """The ipu kernel of ``c10d::<name>``: the collective on host copies.
+
+    The inputs are copied to the host before it returns; the host backend
+    then runs the collective on its own threads while the caller goes on, and
+    the returned ``Work`` completes once the results are in the ipu tensors.
+    ``async_op=False`` waits for it at once; ``async_op=True`` overlaps it
+    with whatever the caller does before ``wait()``, as on CUDA (reading or
+    writing the tensors before then is undefined there too)."""
     if _C.capturing_step():
         raise Error(f"torch.distributed.{name.strip('_')} on ipu tensors inside a "
                     "trainingModel/inferenceModel is not captured into the step: reduce "
@@ -79,19 +80,34 @@ def _host_collective(name: str, writes_first: bool, *args: Any) -> Any:
     host_args = [_map_tensors(a, to_host) for a in args]
     result = getattr(torch.ops.c10d, name).default(*host_args)
     work = result[-1] if isinstance(result, tuple) else result
-    if _is_work(work):
-        dist.Work.unbox(work).wait()
-    if writes_first:
-        written = {id(host) for host in _flat_tensors(host_args[0])}
-        with torch.no_grad():
-            for tensor, host in staged:
-                if id(host) in written:
-                    tensor.detach().copy_(host)
+    if not _is_work(work):
+        return result
+    # Where the results go, taken now: the callback runs on the backend's thread.
+    written = {id(host) for host in _flat_tensors(host_args[0])} if writes_first else set()
+    targets = []
+    for tensor, host in staged:
+        if id(host) in written:
+            _C.back_storage(tensor)
+            targets.append((_C.host_alias(tensor), host))
     device_of = {id(host): tensor for tensor, host in staged}
-    if isinstance(result, tuple):  # (outputs, work)
-        outputs = _map_tensors(result[0], lambda t: device_of.get(id(t), t))
-        return outputs, _completed_work(outputs)
-    return _completed_work(args[0]) if _is_work(result) else result
+    value = (_map_tensors(result[0], lambda t: device_of.get(id(t), t))
+             if isinstance(result, tuple) else args[0])
+
+    def copy_back(done: torch.futures.Future) -> Any:
+        done.value()  # raises the collective's error
+        for alias, host in targets:
+            alias.copy_(host)
+        return value
+
+    unboxed = dist.Work.unbox(work)
+    try:
+        future = unboxed.get_future()
+    except RuntimeError:  # gloo's send and recv have no future: wait for them here
+        unboxed.wait()
+        future = torch.futures.Future()
+        future.set_result(None)
+    work_out = _create_work_from_future(future.then(copy_back)).boxed()
+    return (value, work_out) if isinstance(result, tuple) else work_out
 
 def _flat_tensors(value: Any) -> List[torch.Tensor]:
     found: List[torch.Tensor] = []

@@ -40,6 +40,33 @@ work = dist.all_reduce(z, async_op=True)
 work.wait()
 check("async all_reduce", z, torch.full((2,), float(size)))
 
+# async_op overlaps: the last rank joins only once rank 0 has seen its Work
+# pending and run ipu work meanwhile; then both wait, and the results equal the
+# same collectives on CPU tensors.
+store = dist.distributed_c10d._get_default_store()
+values = [torch.arange(6.).reshape(2, 3) * (rank + 1), torch.full((4,), float(rank))]
+on_ipu = [v.to(ipu) for v in values]
+if rank == size - 1 and rank != 0:
+    store.wait(["rank 0 saw its work pending"])
+works = [dist.all_reduce(on_ipu[0], async_op=True),
+         dist.all_reduce(on_ipu[1], op=dist.ReduceOp.MAX, async_op=True)]
+if rank == 0:
+    assert not any(w.is_completed() for w in works), "completed before the last rank joined"
+    meanwhile = (torch.arange(4., device=ipu) * 2).sum()
+    check("ipu work while the collective is pending", meanwhile, torch.tensor(12.))
+    assert not works[0].is_completed()
+    store.set("rank 0 saw its work pending", "1")
+for w in works:
+    w.wait()
+    assert w.is_completed()
+on_cpu = [v.clone() for v in values]
+cpu_works = [dist.all_reduce(on_cpu[0], async_op=True),
+             dist.all_reduce(on_cpu[1], op=dist.ReduceOp.MAX, async_op=True)]
+for w in cpu_works:
+    w.wait()
+for got, expected in zip(on_ipu, on_cpu):
+    check("async all_reduce against the CPU", got, expected)
+
 b = torch.full((5,), float(rank + 10), device=ipu)
 dist.broadcast(b, src=size - 1)
 check("broadcast", b, torch.full((5,), float(size - 1 + 10)))
@@ -63,6 +90,19 @@ dist.reduce_scatter_tensor(out, torch.arange(2 * size, dtype=torch.float32, devi
 check("reduce_scatter_tensor", out, (torch.arange(2.) + 2 * rank) * size)
 
 dist.barrier()
+
+# Point to point (gloo's send and recv give no future: they are waited for at the call).
+got = torch.zeros(3, device=ipu)
+if rank == 0:
+    dist.send(torch.full((3,), 5.0, device=ipu), size - 1)
+    dist.isend(torch.full((3,), 7.0, device=ipu), size - 1).wait()
+elif rank == size - 1:
+    dist.recv(got, 0)
+    check("recv", got, torch.full((3,), 5.0))
+    work = dist.irecv(got, 0)
+    work.wait()
+    assert work.is_completed()
+    check("irecv", got, torch.full((3,), 7.0))
 
 # An integer tensor, and the CPU tensors of the same group keep working.
 n = torch.tensor([rank + 1], device=ipu)
