@@ -97,7 +97,6 @@ def test_an_out_tensor_overlapping_an_input_is_refused_before_a_resize():
             torch.add(x[:1].view(()), 1, out=x[:1])
 
 
-@known_issue("views_rebased_by_replay")
 def test_views_of_a_dtype_view_modified_in_place_keep_their_autograd_metadata():
     for dev in DEVICES:
         x = torch.tensor(1.5, device=dev).requires_grad_()
@@ -107,7 +106,6 @@ def test_views_of_a_dtype_view_modified_in_place_keep_their_autograd_metadata():
         assert not view.is_leaf and type(view.grad_fn).__name__ == "AsStridedBackward0"
 
 
-@known_issue("views_rebased_by_replay")
 def test_an_integer_view_can_be_filled_from_a_tensor_that_requires_grad():
     for dev in DEVICES:
         ints = torch.tensor(3, device=dev)
@@ -116,7 +114,6 @@ def test_an_integer_view_can_be_filled_from_a_tensor_that_requires_grad():
         assert view.tolist() == [1]
 
 
-@known_issue("views_rebased_by_replay")
 def test_views_of_a_detached_tensor_keep_their_autograd_metadata():
     for dev in DEVICES:
         x = torch.tensor(1.5, device=dev).requires_grad_()
@@ -127,7 +124,6 @@ def test_views_of_a_detached_tensor_keep_their_autograd_metadata():
         assert view.requires_grad and not view.is_leaf
 
 
-@known_issue("views_rebased_by_replay")
 def test_views_of_a_base_squeezed_in_place_keep_their_autograd_metadata():
     for dev in DEVICES:
         x = torch.tensor(1.5, device=dev).requires_grad_()

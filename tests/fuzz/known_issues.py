@@ -41,21 +41,6 @@ KNOWN_ISSUES: Dict[str, KnownIssue] = {
                "CPU raises at the call, the ipu the same error only at the next sync (issue 9 "
                "item 11, error placement: being fixed by the helper on errors)",
         test="test_a_dtype_the_kernel_lacks_is_refused_at_the_call", deferred=True),
-    "views_rebased_by_replay": KnownIssue(
-        reason="an in-place write to a tensor whose storage has views that require grad, where "
-               "the written tensor does not or its metadata changes in place (an integer view x.view(torch.int32) of a tensor "
-               "that requires grad, a base detach_()ed after views were made, an integer view "
-               "filled from a tensor that requires grad): the ipu raises 'Autograd not "
-               "support dtype' or an internal assert of PyTorch (at the op, or when a view's "
-               "grad_fn is read) where the CPU does not. PyTorch rebases views' grad_fn by "
-               "replaying the view ops on devices whose Device::supports_as_strided() is false "
-               "(hard-coded false for IPU in c10), by as_strided on the CPU (issue 9 item 8)",
-        test="test_views_of_a_dtype_view_modified_in_place_keep_their_autograd_metadata",
-        hits=lambda line, ns: any(_storage_has_grad_views(ns, w, line.op.startswith("inplace_meta:"))
-                                 for w in line.writes) or (
-            any(_integer_target(ns, w) for w in line.writes) and any(
-                isinstance(ns.get(r), torch.Tensor) and ns[r].requires_grad
-                for r in line.reads))),
     "matmul_of_mixed_dtypes_with_an_empty_result": KnownIssue(
         reason="matmul of an int64 and an int32 tensor with an empty result: the CPU returns "
                "int32 for an operand whose size-1 dims have other strides (msort's result), "
@@ -74,22 +59,6 @@ KNOWN_ISSUES: Dict[str, KnownIssue] = {
         ops=("out:", "inplace_binary:maximum"),
         cpu_raises="doesn't match the broadcast shape|refer to a single memory location"),
 }
-
-
-def _integer_target(ns: Dict[str, Any], name: str) -> bool:
-    target = ns.get(name)
-    return isinstance(target, torch.Tensor) and not target.dtype.is_floating_point
-
-
-def _storage_has_grad_views(ns: Dict[str, Any], name: str, reshaped: bool) -> bool:
-    """Views of `name`'s storage require grad, but `name` does not (views made while it did)
-    or `reshaped` changes its metadata in place (squeeze_, transpose_...)."""
-    target = ns.get(name)
-    if not isinstance(target, torch.Tensor) or (target.requires_grad and not reshaped):
-        return False
-    storage = target.untyped_storage().data_ptr()
-    return any(isinstance(t, torch.Tensor) and t._is_view() and t.requires_grad
-               and t.untyped_storage().data_ptr() == storage for t in ns.values())
 
 
 class _IpuCopies:
