@@ -80,7 +80,6 @@ def test_host_results_keep_the_cpu_strides():
     assert x.t().to("ipu").stride() == x.t().stride()
 
 
-@known_issue("out_aliasing_an_input_resized")
 def test_an_out_tensor_that_is_an_input_is_not_resized():
     for dev in DEVICES:
         a = torch.tensor([1.0], device=dev)
@@ -89,12 +88,20 @@ def test_an_out_tensor_that_is_an_input_is_not_resized():
             torch.maximum(a, b, out=a)
 
 
-@known_issue("out_aliasing_an_input_resized")
 def test_an_out_tensor_overlapping_an_input_is_refused_before_a_resize():
     for dev in DEVICES:
         x = torch.arange(4.0, device=dev)
         with pytest.raises(RuntimeError, match="refer to a single memory location"):
             torch.add(x[:1].view(()), 1, out=x[:1])
+
+
+def test_an_out_tensor_that_a_result_would_grow_over_its_input_is_refused():
+    # Resized, x[:2] would cover x exactly: the CPU checks the overlap before the resize.
+    for dev in DEVICES:
+        x = torch.arange(4.0, device=dev)
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            torch.clamp(x, 1, out=x[:2])
+        assert x.tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_views_of_a_dtype_view_modified_in_place_keep_their_autograd_metadata():

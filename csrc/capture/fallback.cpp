@@ -4,13 +4,14 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/CPUFallback.h>
 #include <torch/library.h>
 
 #include "capture/capture.h"
 #include "capture/meta_inference.h"
-#include "capture/placement.h"
 #include "capture/pending_graph.h"
+#include "capture/placement.h"
 #include "capture/step_capture.h"
 #include "common/ivalue_tensors.h"
 #include "common/logging.h"
@@ -155,6 +156,45 @@ void uploadHostConstants(const c10::OperatorHandle& op, torch::jit::Stack* stack
   }
 }
 
+// Whether `a` and `b` share bytes only in part, as at::get_overlap_status
+// decides (which reads data pointers, and ipu bytes may not exist yet): by
+// their byte extents in one storage.
+bool overlapInPart(const at::Tensor& a, const at::Tensor& b) {
+  if (a.is_same(b) || a.numel() == 0 || b.numel() == 0) return false;
+  if (!a.is_non_overlapping_and_dense() || !b.is_non_overlapping_and_dense()) return false;
+  if (!a.storage().is_alias_of(b.storage())) return false;
+  const int64_t a_begin = a.storage_offset() * a.itemsize();
+  const int64_t a_end = a_begin + a.numel() * a.itemsize();
+  const int64_t b_begin = b.storage_offset() * b.itemsize();
+  const int64_t b_end = b_begin + b.numel() * b.itemsize();
+  if (a_begin == b_begin && a_end == b_end) return !a.strides().equals(b.strides());
+  return a_begin < b_end && b_begin < a_end;
+}
+
+// A pointwise op's out= tensor that its result resizes: the CPU's
+// TensorIterator first refuses an out= tensor that overlaps an input, then
+// never resizes one that is also an input (only outputs written alone are
+// resized). The Meta kernels resize first, so check before their layout is
+// mirrored.
+void checkResizedOut(const at::Tensor& out, const Layout& layout,
+                     c10::ArrayRef<c10::IValue> arguments, const c10::FunctionSchema& schema) {
+  if (out.sizes().equals(layout.sizes)) return;
+  at::assert_no_internal_overlap(out);
+  bool is_input = false;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (!arguments[i].isTensor() || schema.arguments()[i].is_out()) continue;
+    const at::Tensor& input = arguments[i].toTensor();
+    if (!input.defined() || !input.is_ipu()) continue;
+    TORCH_CHECK(!overlapInPart(out, input),
+                "unsupported operation: some elements of the input tensor and the written-to "
+                "tensor refer to a single memory location. Please clone() the tensor before "
+                "performing the operation.");
+    is_input = is_input || input.is_same(out);
+  }
+  TORCH_CHECK(!is_input, "output with shape ", out.sizes(), " doesn't match the broadcast shape ",
+              c10::IntArrayRef(layout.sizes));
+}
+
 // An out= argument the Meta kernel resized: give the ipu tensor the same
 // layout, growing its storage if needed.
 void mirrorLayout(const at::Tensor& ipu, const Layout& layout, PendingGraph& pending) {
@@ -288,6 +328,14 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
   node.deterministic = at::globalContext().deterministicAlgorithms();
   node.deterministic_warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();
   node.scope = profiling::currentScope();
+  if (op.hasTag(at::Tag::pointwise)) {
+    for (size_t i = 0; i < num_args; ++i) {
+      if (schema.arguments()[i].is_out() && arguments[i].isTensor() &&
+          arguments[i].toTensor().defined()) {
+        checkResizedOut(arguments[i].toTensor(), meta.written[i][0], arguments, schema);
+      }
+    }
+  }
   for (size_t i = 0; i < num_args; ++i) {
     const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
     if (!alias || !alias->isWrite()) continue;

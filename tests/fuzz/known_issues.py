@@ -49,15 +49,6 @@ KNOWN_ISSUES: Dict[str, KnownIssue] = {
         test="test_matmul_of_mixed_dtypes_with_an_empty_result_has_the_cpus_dtype",
         ops=("matmul:",),
         hits=lambda line, ns: DTYPE_NAMES[ns[line.reads[0]].dtype] not in line.code),
-    "out_aliasing_an_input_resized": KnownIssue(
-        reason="an out= tensor that shares memory with an input, of another shape than the "
-               "result: the CPU refuses it (TensorIterator never resizes an output it reads, "
-               "and checks overlap), the ipu resizes it and computes (PyTorch's Python Meta "
-               "kernels of out= ops resize it first): out= resizing is being reworked by the "
-               "helper on out= (issue 9 item 1)",
-        test="test_an_out_tensor_that_is_an_input_is_not_resized",
-        ops=("out:", "inplace_binary:maximum"),
-        cpu_raises="doesn't match the broadcast shape|refer to a single memory location"),
 }
 
 
