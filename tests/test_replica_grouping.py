@@ -257,3 +257,21 @@ def test_save_and_load_keep_the_grouping(tmp_path):
     for step in (1, 2):
         torch.testing.assert_close(loaded(*batch(step)), training(*batch(step)))
     torch.testing.assert_close(loaded.model.W, model.W)
+
+
+def test_a_submodules_parameter_by_its_name():
+    """per_replica_params takes the names of named_parameters(), as PopTorch's
+    users loop over them; a Linear's weight grouped per replica."""
+    model = torch.nn.Sequential(torch.nn.Linear(5, 3))
+    with torch.no_grad():
+        model[0].weight.data = torch.stack([model[0].weight * (r + 1) for r in range(REPLICAS)])
+    linear = model[0]  # its forward sees a [3, 5] row of the weight
+    inference = poptorch.inferenceModel(model, poptorch.Options().replicationFactor(REPLICAS))
+    inference.per_replica_params["0.weight"] = (CommGroupType.NoGrouping, 0,
+                                                VariableRetrievalMode.OnePerGroup)
+    x = torch.randn(REPLICAS * MICRO, 5)
+    out = inference(x)
+    with torch.no_grad():
+        expected = torch.cat([x[r * MICRO:(r + 1) * MICRO] @ linear.weight[r].t() + linear.bias
+                              for r in range(REPLICAS)])
+    torch.testing.assert_close(out, expected)
