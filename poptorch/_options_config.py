@@ -1,7 +1,10 @@
 """Options config files: one option setter call per line (``Options.loadFromFile``).
 
 Lines are parsed, never evaluated: a line is a call of one setter with literal
-arguments, enum members of :mod:`poptorch.enums` or torch dtypes.
+arguments, enum members of :mod:`poptorch.enums`, torch dtypes, or the
+execution strategies and stages of PopTorch built from such arguments (as in
+``setExecutionStrategy(poptorch.ShardedExecution())``, the user guide's own
+example).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Union
 import torch
 
 from . import enums
+from . import _execution_strategy as strategies
 from ._errors import Error
 
 if TYPE_CHECKING:
@@ -20,13 +24,23 @@ if TYPE_CHECKING:
 
 # Enums a line may name (as ``OutputMode.All`` or ``poptorch.OutputMode.All``).
 _CONFIG_ENUMS = {name: getattr(enums, name) for name in enums.__all__}
+# Classes a line may build (as ``poptorch.Stage("a")``): option values only.
+_CONFIG_CLASSES = {cls.__name__: cls for cls in (
+    strategies.Stage, strategies.Phase, strategies.PipelinedExecution,
+    strategies.ShardedExecution, strategies.SerialPhasedExecution,
+    strategies.ParallelPhasedExecution)}
 # Methods of Options and its groups that set nothing.
 _NOT_SETTERS = ("loadFromFile", "toDict", "clone", "defaultOutputMode")
 
 
+class ConfigFileError(Error):
+    """A line of an options config file is not an option setter call
+    (``poptorch.options.ConfigFileError``, as in PopTorch)."""
+
+
 def load_config_file(options: "Options", filepath: Union[str, "os.PathLike[str]"]) -> None:
     """Applies each line of the file to ``options``; a bad line raises
-    :class:`Error` naming the file and line."""
+    :class:`ConfigFileError` naming the file and line."""
     path = os.fspath(filepath)
     with open(path, encoding="utf-8") as config:
         lines = config.read().splitlines()
@@ -36,7 +50,7 @@ def load_config_file(options: "Options", filepath: Union[str, "os.PathLike[str]"
             try:
                 _apply_config_line(options, line)
             except Error as error:
-                raise Error(f"{path}:{number}: {line!r}: {error}") from None
+                raise ConfigFileError(f"{path}:{number}: {line!r}: {error}") from None
 
 
 def _dotted(node: ast.expr) -> Optional[List[str]]:
@@ -50,7 +64,10 @@ def _dotted(node: ast.expr) -> Optional[List[str]]:
 
 
 def _config_value(node: ast.expr) -> Any:
-    """A literal, an enum member of this module or a torch dtype."""
+    """A literal, an enum member of this module, a torch dtype or one of
+    ``_CONFIG_CLASSES`` built from such values."""
+    if isinstance(node, ast.Call):
+        return _config_object(node)
     name = _dotted(node)
     if name is None:
         try:
@@ -69,6 +86,21 @@ def _config_value(node: ast.expr) -> Any:
         return getattr(torch, name[1])
     raise Error(f"{'.'.join(name)!r} is not a literal or a member of "
                 f"{', '.join(_CONFIG_ENUMS)}")
+
+
+def _config_object(node: ast.Call) -> Any:
+    name = _dotted(node.func)
+    if name is not None and name[:1] == ["poptorch"]:
+        name = name[1:]
+    cls = _CONFIG_CLASSES.get(name[0]) if name is not None and len(name) == 1 else None
+    if cls is None:
+        raise Error(f"{ast.unparse(node.func)!r} cannot be called in a config file: only "
+                    f"{', '.join('poptorch.' + c for c in _CONFIG_CLASSES)} can")
+    if any(kw.arg is None for kw in node.keywords):
+        raise Error("** arguments are not supported")
+    args = [_config_value(arg) for arg in node.args]
+    kwargs = {kw.arg: _config_value(kw.value) for kw in node.keywords}
+    return cls(*args, **kwargs)
 
 
 def _apply_config_line(options: "Options", line: str) -> None:

@@ -29,14 +29,14 @@ from typing import (Any, Callable, ClassVar, Dict, Generic, Iterator, List, Opti
 import torch
 
 from . import autocasting
-from ._options_config import load_config_file
+from ._options_config import ConfigFileError, load_config_file
 from ._errors import Error
 from ._execution_strategy import _ExecutionStrategy
 from ._logging import logger
 from .enums import (CommGroupType, ConnectionType, HalfFloatCastingBehavior,
                     MeanReductionStrategy, OutputMode, ReductionType, SyncPattern)
 
-__all__ = ["Options", "TensorLocationSettings"]
+__all__ = ["ConfigFileError", "Options", "TensorLocationSettings"]
 
 
 # Path fragments of the frames skipped when naming where an op came from.

@@ -292,6 +292,9 @@ def test_load_from_file(tmp_path):
         "Training.setMeanAccumulationAndReplicationReductionStrategy("
         "poptorch.MeanReductionStrategy.Running)",
         "updatableNamedBuffers(['bn.running_mean'])",
+        # The user guide's example (poptorch.conf) builds a strategy.
+        "setExecutionStrategy(poptorch.PipelinedExecution(poptorch.Stage('a', 'b'), "
+        "Stage('c')))",
     )
     opts = Options()
     assert opts.loadFromFile(path) is opts
@@ -307,6 +310,9 @@ def test_load_from_file(tmp_path):
     assert (opts.input_group_size, opts.input_group_type) == (2, CommGroupType.Orthogonal)
     assert opts.Training.mean_reduction_strategy is MeanReductionStrategy.Running
     assert opts.updatable_named_buffers == ("bn.running_mean",)
+    strategy = opts.execution_strategy
+    assert type(strategy) is poptorch.PipelinedExecution
+    assert [tuple(strategy.stage(b).blocks) for b in "abc"] == [("a", "b")] * 2 + [("c",)]
 
 
 def test_load_from_file_does_not_run_code(tmp_path):
@@ -325,7 +331,8 @@ def test_load_from_file_does_not_run_code(tmp_path):
     ("deviceIterations(1, 2)", "wrong arguments for deviceIterations"),
     ("deviceIterations(*[4])", "is not a literal"),
     ("deviceIterations(**{'device_iterations': 4})", r"\*\* arguments"),
-    ("deviceIterations(int('4'))", "is not a literal"),
+    ("deviceIterations(int('4'))", "'int' cannot be called in a config file"),
+    ("setExecutionStrategy(poptorch.Stage.__init__('a'))", "cannot be called"),
     ("options.deviceIterations(4)", "expected one option setter call"),
     ("deviceIterations(4).replicationFactor(2)", "expected one option setter call"),
     ("Training.__class__(4)", "is not an option setter"),
@@ -340,12 +347,12 @@ def test_load_from_file_does_not_run_code(tmp_path):
     ("noSuchOption(4)", "is not an option setter"),
     ("outputMode(OutputMode.Nope)", "'OutputMode.Nope' is not a literal or a member"),
     ("outputMode(os.system)", "'os.system' is not a literal"),
-    ("setExecutionStrategy(poptorch.ShardedExecution())", "is not a literal"),
+    ("setExecutionStrategy(poptorch.ShardedExecution(n))", "'n' is not a literal"),
     ("Precision.setPartialsType(torch.nn)", "'torch.nn' is not a literal"),
 ])
 def test_a_bad_line_names_file_line_and_problem(tmp_path, line, message):
     path = write_config(tmp_path, "# options", "deviceIterations(2)", line)
-    with pytest.raises(Error, match=rf"poptorch\.conf:3: .*{message}"):
+    with pytest.raises(poptorch.options.ConfigFileError, match=rf"poptorch\.conf:3: .*{message}"):
         Options().loadFromFile(path)
 
 
