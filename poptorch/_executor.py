@@ -129,7 +129,6 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the step on every micro-batch of the inputs (compiling it first
         on the first call) and returns the outputs per the output mode."""
-        self._check_usable()
         if self._options.connection_type == ConnectionType.Never:
             raise Error("the model is compiled for an offline IPU (Options.useOfflineIpuTarget, "
                         "or connectionType(ConnectionType.Never)), so it cannot run: compile it "
@@ -149,7 +148,6 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
     @_locked
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """Compiles the step for inputs like these, without running it."""
-        self._check_usable()
         if self._compiled:
             raise Error("the model is already compiled")
         leaves, spec = self._flatten(args, kwargs)
@@ -160,7 +158,6 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
                          **kwargs: Any) -> None:
         """Compiles the step for inputs like ``args`` and ``kwargs`` (unless
         it is compiled already) and writes it to ``filename`` (see :meth:`save`)."""
-        self._check_usable()
         if self._compiled:
             logger.warning("compileAndExport: the model is compiled already; exporting it as "
                            "it is")
@@ -178,7 +175,6 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         training goes on from there. Without ``export_model``, wrap the model
         again and call :meth:`loadExecutable`. ``save_rng_state`` saves the
         state of the random generator too. Loading compiles nothing."""
-        self._check_usable()
         if not self._compiled:
             raise Error("save: the model is not compiled yet: call it, compile() or "
                         "compileAndExport() first")
@@ -190,7 +186,6 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         """Compiles this model with the executables of ``filename`` (written
         by :meth:`compileAndExport` or :meth:`save`, maybe without the model):
         nothing is compiled. The model's own weights are used."""
-        self._check_usable()
         if self._compiled:
             raise Error("loadExecutable: the model is compiled already: wrap the model again "
                         "to load an executable into it")
@@ -209,7 +204,6 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Uses ``optimizer``'s hyper-parameters from now on. Variable attributes
         (``lr`` always) change without recompiling; changing a constant is an error."""
-        self._check_usable()
         if not self._training:
             raise Error("setOptimizer: an inference model has no optimiser")
         if self._device_optimizer is not None:
@@ -219,14 +213,20 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
     @_locked
     def copyWeightsToHost(self) -> None:
         """Makes the host model hold the device weights (they are kept in sync
-        implicitly; this also repairs host tensors that were replaced)."""
+        implicitly; this also repairs host tensors that were replaced). Before
+        the model is compiled the host model holds them already: nothing to do."""
+        if not self._compiled:
+            return
         self._check_attached("copyWeightsToHost")
         self._state.copy_to_host()
 
     @_locked
     def copyWeightsToDevice(self) -> None:
         """Copies the host model's weights to the device, e.g. after the host
-        model was trained on the CPU or had its tensors replaced."""
+        model was trained on the CPU or had its tensors replaced. Before the
+        model is compiled there is nothing to do: compiling copies them."""
+        if not self._compiled:
+            return
         self._check_attached("copyWeightsToDevice")
         self._state.copy_to_device()
 
@@ -248,7 +248,6 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
     @_locked
     def attachToDevice(self) -> None:
         """Loads the model back on the IPU after :meth:`detachFromDevice`."""
-        self._check_usable()
         if not self._compiled:
             raise Error("attachToDevice: the model is not compiled yet")
         if self._attached:
@@ -259,9 +258,12 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
 
     @_locked
     def destroy(self) -> None:
-        """Frees everything the model holds on the IPU; the wrapper is unusable after."""
+        """Releases the IPU and the compiled step, as PopTorch does: the weights
+        and optimiser state go back to the host model and optimiser, and the
+        next call compiles the model again (for inputs of any shape)."""
         if self._attached:
             self.detachFromDevice()
+        self._compiled = False
         self._destroyed = True
         _wrapped_model.unwrap(self._model, self)
         self._close_profile()
@@ -301,6 +303,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         """The inputs' leaves and their spec (see _inputs.py). IPUs have no
         64-bit floating point, so float64 (complex128) inputs become float32
         (complex64), as in PopTorch; `_given` keeps the caller's tensors."""
+        args, kwargs = _inputs.bind(self._model.forward, args, kwargs)
         given, spec, self._input_objects = _inputs.flatten(args, kwargs)
         self._given = [leaf for leaf in given if isinstance(leaf, torch.Tensor)]
         leaves = list(given)
@@ -328,7 +331,16 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
     def _micro_batches(self) -> int:
         return self._options.device_iterations * self._micro_batches_per_iteration
 
+    def _revive(self) -> None:
+        """After destroy(): the model is wrapped and profiled again."""
+        if self._destroyed:
+            self._destroyed = False
+            if self._training:
+                _wrapped_model.wrap(self._model, self)
+            self._start_profiling()
+
     def _compile(self, leaves: List[Any], spec: Any) -> None:
+        self._revive()
         n = self._micro_batches
         specs = []
         examples = []  # the micro-batch the step is captured from (again)
@@ -368,6 +380,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
             kinds = {True: "trainingModel", False: "inferenceModel"}
             raise Error(f"{filename} holds a {kinds[saved['training']]}; this is a "
                         f"{kinds[self._training]}")
+        self._revive()
         _precompilation.add_executables(self._executables, filename, saved)
         self._spec, self._examples, self._input_objects = _precompilation.inputs(saved)
         self._capture_seed = saved["capture_seed"]
@@ -494,12 +507,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
 
     # --- running --------------------------------------------------------------
 
-    def _check_usable(self) -> None:
-        if self._destroyed:
-            raise Error("this model was destroyed: wrap the model again to use it")
-
     def _check_attached(self, what: str) -> None:
-        self._check_usable()
         if not self._attached:
             raise Error(f"{what}: the model is not attached to the IPU (compile it by calling "
                         f"it, or call attachToDevice())")
@@ -511,22 +519,29 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
                         "weights before the first call, or wrap the model again")
 
     def _check_inputs(self, leaves: List[Any], spec: Any) -> None:
+        names = _inputs.positional_names(self._model.forward)
         if spec != self._spec:
-            raise Error("the model was compiled for inputs with another structure "
-                        f"({self._spec}); got {spec}. PopTorch compiles a static graph: "
-                        "wrap the model again for new kinds of input.")
+            raise Error(f"{_inputs.describe_change(self._spec, spec, names)}: the model was "
+                        "compiled for inputs of another structure. PopTorch compiles a static "
+                        "graph: call destroy() (or wrap the model again) for new kinds of input.")
+        leaf_names = _inputs.leaf_names(spec, names)
+        static = ("PopTorch compiles a static graph, so shapes and dtypes must stay the same "
+                  "(use drop_last=True in the DataLoader, or call destroy() to compile again)")
         for index, (leaf, (shape, dtype, value)) in enumerate(zip(leaves, self._input_specs)):
+            name = leaf_names[index] if leaf_names else f"input {index}"
             if shape is None:
                 if isinstance(leaf, torch.Tensor) or leaf != value:
-                    raise Error(f"input {index} was {value!r} at compilation and is now "
+                    raise Error(f"Value mismatch for {name}: expected {value!r} but got "
                                 f"{leaf!r}: only tensor inputs may change between calls")
             elif not isinstance(leaf, torch.Tensor):
-                raise Error(f"input {index} was a tensor at compilation, now {type(leaf).__name__}")
-            elif tuple(leaf.shape) != shape or leaf.dtype != dtype:
-                raise Error(f"input {index} changed from {list(shape)} {dtype} at compilation "
-                            f"to {list(leaf.shape)} {leaf.dtype}: PopTorch compiles a static "
-                            f"graph, so shapes and dtypes must stay the same (use "
-                            f"drop_last=True in the DataLoader, or wrap the model again)")
+                raise Error(f"Type mismatch for {name}: expected Tensor but got "
+                            f"{type(leaf).__name__}: {static}")
+            elif tuple(leaf.shape) != shape:
+                raise Error(f"Shape mismatch for {name}: expected {torch.Size(shape)} but got "
+                            f"{leaf.shape}: {static}")
+            elif leaf.dtype != dtype:
+                raise Error(f"Dtype mismatch for {name}: expected {dtype} but got {leaf.dtype}: "
+                            f"{static}")
 
     def _run(self, leaves: List[Any]) -> Any:
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]

@@ -8,8 +8,9 @@ their key order, named tuples...); an object of a type registered with
 from __future__ import annotations
 
 import abc
+import inspect
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Tuple, Type
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 import torch
 import torch.utils._pytree as pytree
@@ -97,3 +98,85 @@ def unflatten(leaves: List[Any], spec: InputSpec, originals: List[Any]) -> Tuple
         tree_leaves.append(_PARSERS[what.type].reconstruct(original, tensors))
     args, kwargs = pytree.tree_unflatten(tree_leaves, spec.tree)
     return tuple(args), kwargs
+
+
+def bind(forward: Callable[..., Any], args: Tuple[Any, ...],
+         kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """The call in the canonical form of ``forward``'s signature, defaults
+    filled in, as PopTorch matches inputs: ``model(x)`` and ``model(x, y=d)``
+    (``d`` the default of ``y``) are calls of one compiled step. Arguments that
+    do not fit the signature raise the TypeError that calling it would."""
+    try:
+        signature = inspect.signature(forward)
+    except (TypeError, ValueError):  # no Python signature: take the call as it is
+        return args, kwargs
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return tuple(bound.args), dict(bound.kwargs)
+
+
+def positional_names(forward: Callable[..., Any]) -> List[str]:
+    """The names of ``forward``'s positional parameters (for messages), its
+    ``*args`` last as ``"*args"``."""
+    try:
+        parameters = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = [p.name for p in parameters if p.kind in kinds]
+    names += ["*" + p.name for p in parameters if p.kind == inspect.Parameter.VAR_POSITIONAL]
+    return names
+
+
+def _argument_name(position: int, names: List[str]) -> str:
+    fixed = [n for n in names if not n.startswith("*")]
+    if position < len(fixed):
+        return fixed[position]
+    if len(fixed) < len(names):
+        return f"{names[-1][1:]}[{position - len(fixed)}]"
+    return f"positional argument {position}"
+
+
+def _kind(spec: Any) -> str:
+    if spec.is_leaf():
+        return "a Tensor or scalar"
+    return f"a {spec.type.__name__} of {spec.num_children}"
+
+
+def describe_change(old: InputSpec, new: InputSpec, names: List[str]) -> str:
+    """How the structure of a call's inputs differs from the compiled one's,
+    by argument name (PopTorch's wording)."""
+    old_args, old_kwargs = old.tree.children()
+    new_args, new_kwargs = new.tree.children()
+    if old_args.num_children != new_args.num_children:
+        return (f"Number of positional arguments mismatch: expected {old_args.num_children} "
+                f"arguments but got {new_args.num_children}")
+    missing = [k for k in old_kwargs.context if k not in new_kwargs.context]
+    if missing:
+        return f"Missing arguments: {', '.join(missing)}."
+    unexpected = [k for k in new_kwargs.context if k not in old_kwargs.context]
+    if unexpected:
+        return f"Unexpected arguments: {', '.join(unexpected)}."
+    pairs = [(_argument_name(i, names), o, n) for i, (o, n) in enumerate(
+        zip(old_args.children(), new_args.children()))]
+    pairs += [(k, old_kwargs.children()[old_kwargs.context.index(k)], n)
+              for k, n in zip(new_kwargs.context, new_kwargs.children())]
+    for name, o, n in pairs:
+        if o != n:
+            return f"Type mismatch for {name}: expected {_kind(o)} but got {_kind(n)}"
+    return "the custom arguments (registerCustomArgParser) hold other numbers of tensors"
+
+
+def leaf_names(spec: InputSpec, names: List[str]) -> Optional[List[str]]:
+    """A name per leaf of calls of ``spec`` (``x``, ``t[1]``, ``y['a']``), or
+    None where custom arguments make leaves that the tree does not name."""
+    if spec.custom:
+        return None
+    dummy = pytree.tree_unflatten([None] * spec.tree.num_leaves, spec.tree)
+    paths, _ = pytree.tree_flatten_with_path(dummy)
+    result = []
+    for path, _ in paths:
+        head = path[1]
+        first = (_argument_name(head.idx, names) if path[0].idx == 0 else str(head.key))
+        result.append(first + "".join(str(k) for k in path[2:]))
+    return result

@@ -189,14 +189,23 @@ class StepCapture:
         else:
             self.optimizer.capture_update(gradients, 1.0, accumulated=False)
 
+    def _on_device(self, output: torch.Tensor) -> torch.Tensor:
+        """An output the model computed on the host (from a plain tensor
+        attribute, not a buffer: the user guide's counter example) is, as in
+        PopTorch, a constant of the step: every run returns its value at capture."""
+        if output.device.type == "ipu":
+            return output
+        logger.warning("the model returns a %s tensor computed on the %s (from a tensor that is "
+                       "neither an input, a parameter nor a buffer): it is a constant of the "
+                       "step, each run returns its value at compilation; register the tensor "
+                       "as a buffer to keep it on the IPU", list(output.shape), output.device)
+        return output.to(self._state.device)
+
     def _bind_outputs(self, outputs: Any) -> None:
         leaves, spec = pytree.tree_flatten(outputs)
-        leaves = [o.detach() if isinstance(o, torch.Tensor) else o for o in leaves]
+        leaves = [self._on_device(o.detach()) if isinstance(o, torch.Tensor) else o
+                  for o in leaves]
         tensors = [o for o in leaves if isinstance(o, torch.Tensor)]
-        for o in tensors:
-            if o.device.type != "ipu":
-                raise Error(f"the model returned a tensor on {o.device}: outputs must be "
-                            f"computed from the inputs and weights")
         if self.variants == 0:
             self.out_leaves, self.out_spec, self.device_outputs = leaves, spec, tensors
             return

@@ -169,15 +169,30 @@ def test_copy_weights_to_host_if_needed_is_never_needed():
 
 # --- the wrapped model -----------------------------------------------------------
 
+def test_copying_weights_before_the_first_call_is_a_no_op():
+    # The user guide's trainingModel.py calls copyWeightsToDevice() on an
+    # inference model that never ran after training the host model.
+    model = net()
+    inference = poptorch.inferenceModel(model)
+    inference.copyWeightsToHost()
+    with torch.no_grad():
+        model.fc1.weight.mul_(2)
+    inference.copyWeightsToDevice()
+    assert not inference.isCompiled()
+    x, _ = batch(2)
+    torch.testing.assert_close(inference(x), model(x))
+
+
 def test_destroy_on_the_model_destroys_its_training_wrapper():
     model = net()
     training = poptorch.trainingModel(model)
     assert type(model).__name__ == "PoptorchNet" and isinstance(model, Net)
     training(*batch(2))
     model.destroy()
-    with pytest.raises(poptorch.Error, match="destroyed"):
-        training(*batch(2))
     assert type(model) is Net and not hasattr(model, "destroy")
+    assert not training.isCompiled()
+    training(*batch(2))  # compiles again, and wraps the model again
+    assert type(model).__name__ == "PoptorchNet"
 
 
 @pytest.mark.parametrize("round_trip", [

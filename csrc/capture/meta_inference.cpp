@@ -301,6 +301,17 @@ void correctForCpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arg
     for (size_t i = 1; i < result.returns.size(); ++i) {
       for (Layout& layout : result.returns[i].tensors) layout.dtype = statistics;
     }
+  } else if (name == "aten::native_batch_norm_backward") {
+    // Its Python decomposition (the Meta kernel) computes grad_input whatever
+    // output_mask says; the CPU kernel leaves a masked-out result undefined
+    // (an input that does not require grad: batch norm as a model's first layer).
+    const c10::List<bool> mask = arguments.back().toBoolList();
+    for (size_t i = 0; i < mask.size() && i < result.returns.size(); ++i) {
+      if (!mask[i] && !result.returns[i].tensors.empty()) {
+        result.returns[i].tensors[0] = Layout{};
+        result.returns[i].tensors[0].defined = false;
+      }
+    }
   } else if (name == "aten::_embedding_bag_forward_only" || name == "aten::_embedding_bag") {
     // (weight, indices, offsets, scale_grad_by_freq, mode, sparse,
     //  per_sample_weights, include_last_offset, padding_idx)
