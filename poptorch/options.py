@@ -431,6 +431,16 @@ class _DistributedOptions(_Settings):
                 self.setEnvVarNames(size, rank)
                 break
 
+    @property
+    def distributed_process_id(self) -> int:
+        """PopTorch's name of ``process_id``."""
+        return self.process_id
+
+    @property
+    def num_distributed_processes(self) -> int:
+        """PopTorch's name of ``num_processes``."""
+        return self.num_processes
+
     def configureProcessId(self, process_id: int, num_processes: int) -> _DistributedOptions:
         """This process's index among ``num_processes``: the DataLoader gives it
         its share of the dataset, and a trainingModel reduces its gradients with

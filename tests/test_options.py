@@ -188,6 +188,8 @@ def test_distributed_defaults_from_mpi_environment(monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
     distributed = Options().Distributed
     assert (distributed.process_id, distributed.num_processes) == (2, 4)
+    # PopTorch's names of the same values
+    assert (distributed.distributed_process_id, distributed.num_distributed_processes) == (2, 4)
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "four")
     with pytest.raises(Error, match="OMPI_COMM_WORLD_SIZE"):
         Options()
