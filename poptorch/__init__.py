@@ -66,7 +66,8 @@ def metrics() -> Dict[str, Any]:
     ``ops_captured``, ``graphs_compiled``, ``cache_hits``, ``cache_evictions``,
     ``executables_loaded`` (from the disk cache or a precompiled file), ``executions``,
     ``host_fallbacks``, ``guard_failures``, ``fallback_ops`` (op name -> count),
-    ``compile_seconds``, ``execute_seconds``, ``bytes_to_ipu``, ``bytes_from_ipu``, and for
+    ``compile_seconds``, ``execute_seconds``, ``bytes_to_ipu``, ``bytes_from_ipu``,
+    ``bytes_between_ipus`` (tensors a model split over IPUs moved from one IPU to another), and for
     ``torch.compile(backend="ipu")``: ``dynamo_graphs`` (graphs dynamo gave the backend),
     ``dynamo_recompiles`` (of which compiled again after a guard failed) and
     ``dynamo_replays`` (calls of compiled graphs replayed without Python).

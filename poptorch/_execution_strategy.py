@@ -138,6 +138,12 @@ class _ExecutionStrategy:
         """True if stages run at the same time on successive micro-batches."""
         return False
 
+    @property
+    def stage_schedule(self) -> int:
+        """How the runtime runs the stages (runtime::StageSchedule): 0 the
+        whole step in program order, 1 one IPU at a time, 2 pipelined."""
+        return 0
+
 
 class PipelinedExecution(_ExecutionStrategy):
     """Runs the stages as a pipeline: stage k of micro-batch i runs while
@@ -189,6 +195,10 @@ class PipelinedExecution(_ExecutionStrategy):
     def pipelined(self) -> bool:
         return True
 
+    @property
+    def stage_schedule(self) -> int:
+        return 2
+
 
 class ShardedExecution(PipelinedExecution):
     """Runs the stages (shards) one after another, one IPU at a time. Takes
@@ -197,6 +207,10 @@ class ShardedExecution(PipelinedExecution):
     @property
     def pipelined(self) -> bool:
         return False
+
+    @property
+    def stage_schedule(self) -> int:
+        return 1
 
 
 class _PhasedExecution(_ExecutionStrategy):

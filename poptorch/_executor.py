@@ -569,7 +569,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
                                         self._accumulation, o.replication_factor, native[mode],
                                         o.output_return_period, seed, gathers,
                                         self._replica_buffers, self._before_update,
-                                        timeline))
+                                        timeline, step.strategy.stage_schedule))
         self._after_call(timeline, step.device_inputs, step.device_outputs)
         self._write_back(self._given, host_inputs)
         if self._training:

@@ -40,6 +40,7 @@ MetricsSnapshot Metrics::snapshot() const {
   s.guard_failures = guard_failures_.load();
   s.bytes_to_ipu = bytes_to_ipu_.load();
   s.bytes_from_ipu = bytes_from_ipu_.load();
+  s.bytes_between_ipus = bytes_between_ipus_.load();
   s.dynamo_graphs = dynamo_graphs_.load();
   s.dynamo_recompiles = dynamo_recompiles_.load();
   s.dynamo_replays = dynamo_replays_.load();
@@ -61,6 +62,7 @@ void Metrics::reset() {
   guard_failures_ = 0;
   bytes_to_ipu_ = 0;
   bytes_from_ipu_ = 0;
+  bytes_between_ipus_ = 0;
   dynamo_graphs_ = 0;
   dynamo_recompiles_ = 0;
   dynamo_replays_ = 0;

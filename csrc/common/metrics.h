@@ -21,9 +21,10 @@ struct MetricsSnapshot {
   int64_t guard_failures = 0;
   int64_t bytes_to_ipu = 0;
   int64_t bytes_from_ipu = 0;
-  int64_t dynamo_graphs = 0;      // graphs torch.compile(backend="ipu") was given
-  int64_t dynamo_recompiles = 0;  // of which dynamo compiled again after a guard failed
-  int64_t dynamo_replays = 0;     // calls of compiled graphs replayed from C++
+  int64_t bytes_between_ipus = 0;  // tensors a model split over IPUs moved between them
+  int64_t dynamo_graphs = 0;       // graphs torch.compile(backend="ipu") was given
+  int64_t dynamo_recompiles = 0;   // of which dynamo compiled again after a guard failed
+  int64_t dynamo_replays = 0;      // calls of compiled graphs replayed from C++
   double compile_seconds = 0;
   double execute_seconds = 0;
   std::map<std::string, int64_t> fallback_ops;
@@ -45,6 +46,7 @@ class Metrics {
   void guardFailed() { guard_failures_.fetch_add(1, std::memory_order_relaxed); }
   void bytesToIpu(int64_t n) { bytes_to_ipu_.fetch_add(n, std::memory_order_relaxed); }
   void bytesFromIpu(int64_t n) { bytes_from_ipu_.fetch_add(n, std::memory_order_relaxed); }
+  void bytesBetweenIpus(int64_t n) { bytes_between_ipus_.fetch_add(n, std::memory_order_relaxed); }
   void dynamoGraph(bool recompile);
   void dynamoReplay() { dynamo_replays_.fetch_add(1, std::memory_order_relaxed); }
 
@@ -62,6 +64,7 @@ class Metrics {
   std::atomic<int64_t> guard_failures_{0};
   std::atomic<int64_t> bytes_to_ipu_{0};
   std::atomic<int64_t> bytes_from_ipu_{0};
+  std::atomic<int64_t> bytes_between_ipus_{0};
   std::atomic<int64_t> dynamo_graphs_{0};
   std::atomic<int64_t> dynamo_recompiles_{0};
   std::atomic<int64_t> dynamo_replays_{0};

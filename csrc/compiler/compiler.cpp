@@ -6,6 +6,7 @@
 #include "compiler/executable.h"
 #include "compiler/memory_plan.h"
 #include "compiler/out_variants.h"
+#include "compiler/pipeline_stages.h"
 #include "passes/passes.h"
 
 namespace poptorch::compiler {
@@ -77,8 +78,10 @@ void findGuardedWrites(Executable& exe) {
 std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key) {
   auto exe = std::make_shared<Executable>();
   exe->key = key;
-  exe->program = passes::planLayouts(passes::fuseMatmulActivations(
-      passes::eliminateCommonSubexpressions(passes::eliminateDeadCode(graph))));
+  // Ordered by pipeline stage before memory is planned: a pipeline runs each
+  // stage's nodes as one range, and temporaries are planned in that order.
+  exe->program = orderByPipelineStage(passes::planLayouts(passes::fuseMatmulActivations(
+      passes::eliminateCommonSubexpressions(passes::eliminateDeadCode(graph)))));
   exe->roles = assignRoles(exe->program);
   exe->flexible_layout = findFlexibleLayouts(exe->program, exe->roles);
 

@@ -42,7 +42,7 @@ thread_local std::vector<int32_t> scope_stack;
 // its results (else its inputs) live.
 int32_t ipuOf(const compiler::Executable& exe, const ir::Node& node) {
   if (!(node.placement == ir::Placement{})) return node.placement.ipu;
-  const ir::TensorRef* ref = !node.outputs.empty() ? &node.outputs[0]
+  const ir::TensorRef* ref = !node.outputs.empty()  ? &node.outputs[0]
                              : !node.inputs.empty() ? &node.inputs[0]
                                                     : nullptr;
   if (ref == nullptr) return 0;
@@ -60,8 +60,8 @@ ProgramInfo infoOf(const compiler::Executable& exe) {
 
 // An event about a whole executable, named `what` and its key (in hex, as the
 // reports print keys).
-Event programEvent(Kind kind, const char* what, const compiler::Executable& exe,
-                   int64_t start_ns, int64_t end_ns) {
+Event programEvent(Kind kind, const char* what, const compiler::Executable& exe, int64_t start_ns,
+                   int64_t end_ns) {
   Event event;
   event.kind = kind;
   char key[17];
@@ -71,6 +71,13 @@ Event programEvent(Kind kind, const char* what, const compiler::Executable& exe,
   event.end_ns = end_ns;
   event.program = exe.key;
   return event;
+}
+
+// Keeps how `exe` uses memory, the first time it runs.
+void noteProgram(const compiler::Executable& exe) {
+  Store& s = store();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.programs.contains(exe.key)) s.programs.emplace(exe.key, infoOf(exe));
 }
 
 }  // namespace
@@ -123,11 +130,7 @@ void compiled(const compiler::Executable& exe, int64_t start_ns, int64_t end_ns)
 }
 
 void programRan(const compiler::Executable& exe, int64_t start_ns, int64_t end_ns) {
-  {
-    Store& s = store();
-    std::lock_guard<std::mutex> lock(s.mutex);
-    if (!s.programs.contains(exe.key)) s.programs.emplace(exe.key, infoOf(exe));
-  }
+  noteProgram(exe);
   Event event = programEvent(Kind::kProgram, "program ", exe, start_ns, end_ns);
   event.bytes = exe.arena_bytes;
   for (int d = 0; d < device::deviceCount(); ++d) {
@@ -147,6 +150,21 @@ void nodeRan(const compiler::Executable& exe, size_t index, const ir::Node& capt
   event.end_ns = end_ns;
   event.program = exe.key;
   event.node = static_cast<int32_t>(index);
+  record(std::move(event));
+}
+
+void stageRan(const compiler::Executable& exe, int32_t stage, int32_t ipu, int64_t micro_batch,
+              int64_t start_ns, int64_t end_ns) {
+  noteProgram(exe);
+  Event event;
+  event.kind = Kind::kStage;
+  event.name = "stage " + std::to_string(stage) + ", micro-batch " + std::to_string(micro_batch);
+  event.ipu = ipu;
+  event.start_ns = start_ns;
+  event.end_ns = end_ns;
+  event.program = exe.key;
+  event.node = stage;
+  event.micro_batch = micro_batch;
   record(std::move(event));
 }
 

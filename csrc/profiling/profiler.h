@@ -21,12 +21,13 @@ struct Node;
 namespace poptorch::profiling {
 
 enum class Kind : uint8_t {
-  kNode,      // one node of a program, on its IPU
-  kProgram,   // one run of a compiled program
-  kCompile,   // a graph compiled (bytes: its number of nodes)
-  kToIpu,     // host -> IPU copy (bytes)
-  kFromIpu,   // IPU -> host copy (bytes)
-  kUser,      // a poptorch.profiling.Channel tracepoint
+  kNode,     // one node of a program, on its IPU
+  kProgram,  // one run of a compiled program
+  kCompile,  // a graph compiled (bytes: its number of nodes)
+  kToIpu,    // host -> IPU copy (bytes)
+  kFromIpu,  // IPU -> host copy (bytes)
+  kUser,     // a poptorch.profiling.Channel tracepoint
+  kStage,    // one pipeline stage of one micro-batch, on its IPU
 };
 
 struct Event {
@@ -38,8 +39,9 @@ struct Event {
   int64_t session = 0;   // the recording thread's session (a wrapped model), 0: none
   int32_t track = 0;     // the recording thread's lane (see SessionScope)
   uint64_t program = 0;  // the executable's structural hash (nodes, programs, compiles)
-  int32_t node = -1;     // kNode: its position in the program
+  int32_t node = -1;     // kNode: its position in the program; kStage: the pipeline stage
   int64_t bytes = 0;
+  int64_t micro_batch = -1;  // kStage: of the call
   // kProgram: the memory allocated on each IPU when the run started.
   std::vector<int64_t> ipu_bytes;
 };
@@ -77,6 +79,9 @@ void compiled(const compiler::Executable& exe, int64_t start_ns, int64_t end_ns)
 void programRan(const compiler::Executable& exe, int64_t start_ns, int64_t end_ns);
 void nodeRan(const compiler::Executable& exe, size_t index, const ir::Node& captured,
              int64_t start_ns, int64_t end_ns);
+// Pipeline stage `stage` of micro-batch `micro_batch` ran on `ipu`.
+void stageRan(const compiler::Executable& exe, int32_t stage, int32_t ipu, int64_t micro_batch,
+              int64_t start_ns, int64_t end_ns);
 
 // A host transfer: recorded when the span ends, if profiling.
 class TransferSpan {

@@ -50,6 +50,7 @@ py::dict metricsDict() {
   d["execute_seconds"] = s.execute_seconds;
   d["bytes_to_ipu"] = s.bytes_to_ipu;
   d["bytes_from_ipu"] = s.bytes_from_ipu;
+  d["bytes_between_ipus"] = s.bytes_between_ipus;
   d["dynamo_graphs"] = s.dynamo_graphs;
   d["dynamo_recompiles"] = s.dynamo_recompiles;
   d["dynamo_replays"] = s.dynamo_replays;
@@ -87,8 +88,9 @@ std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, const runtim
                                  const std::vector<std::pair<int, int64_t>>& output_gathers,
                                  runtime::ReplicaBuffers* replica_buffers,
                                  const std::function<void()>& before_update,
-                                 runtime::StepTimeline* timeline) {
+                                 runtime::StepTimeline* timeline, int stages) {
   runtime::StepShape shape;
+  shape.stages = static_cast<runtime::StageSchedule>(stages);
   shape.iterations = iterations;
   shape.accumulation = accumulation;
   shape.replicas = replicas;
@@ -268,11 +270,12 @@ void bindProfiling(py::module& m) {
     py::list events;
     for (const profiling::Event& e : profiling::take()) {
       events.append(py::make_tuple(static_cast<int>(e.kind), e.name, e.ipu, e.start_ns, e.end_ns,
-                                   e.session, e.track, e.program, e.node, e.bytes, e.ipu_bytes));
+                                   e.session, e.track, e.program, e.node, e.bytes, e.ipu_bytes,
+                                   e.micro_batch));
     }
     return events;
-  }, "(kind, name, ipu, start_ns, end_ns, session, track, program, node, bytes, ipu_bytes) of "
-     "the events recorded since the last take.");
+  }, "(kind, name, ipu, start_ns, end_ns, session, track, program, node, bytes, ipu_bytes, "
+     "micro_batch) of the events recorded since the last take.");
   m.def("profiling_dropped", &profiling::dropped);
   m.def("profiling_programs", [] {
     py::dict programs;
@@ -425,7 +428,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("return_period"), py::arg("seed"),
         py::arg("output_gathers") = std::vector<std::pair<int, int64_t>>{},
         py::arg("replica_buffers") = nullptr, py::arg("before_update") = std::function<void()>{},
-        py::arg("timeline") = nullptr,
+        py::arg("timeline") = nullptr, py::arg("stages") = 0,
         py::call_guard<py::gil_scoped_release>());
   py::class_<capture::GraphReplay, std::shared_ptr<capture::GraphReplay>>(
       m, "GraphReplay",

@@ -11,6 +11,7 @@
 #include <c10/core/TensorImpl.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "common/ivalue_tensors.h"
 #include "device/ipu_device.h"
@@ -58,11 +59,13 @@ bool hasLayout(const at::Tensor& t, const ir::TensorRef& ref, c10::IntArrayRef s
 }
 
 // For random ops without a generator argument: the default generator runs
-// them from the captured seed, then gets its own state back.
+// them from the captured seed, then gets its own state back. The stages of a
+// pipeline run such ops on several threads: one at a time (a kernel locks the
+// generator's own mutex while it draws, so that one cannot be held across).
 class DefaultGeneratorSeeded {
  public:
   explicit DefaultGeneratorSeeded(uint64_t seed)
-      : generator_(at::detail::getDefaultCPUGenerator()) {
+      : one_at_a_time_(runsMutex()), generator_(at::detail::getDefaultCPUGenerator()) {
     std::lock_guard<std::mutex> lock(generator_.mutex());
     saved_ = generator_.clone();
     generator_.set_current_seed(seed);
@@ -75,6 +78,12 @@ class DefaultGeneratorSeeded {
   DefaultGeneratorSeeded& operator=(const DefaultGeneratorSeeded&) = delete;
 
  private:
+  static std::mutex& runsMutex() {
+    static std::mutex mutex;
+    return mutex;
+  }
+
+  std::lock_guard<std::mutex> one_at_a_time_;
   at::Generator generator_;
   at::Generator saved_;
 };
@@ -507,27 +516,65 @@ class Run {
   std::vector<Written> written_;  // by the current node
 };
 
+// Runs nodes [begin, end) of `exe`; false if one failed and `on_error` stops the run.
+bool runRange(Run& run, const compiler::Executable& exe, const ir::Graph& captured, size_t begin,
+              size_t end, OnError on_error) {
+  // Kernels run on plain CPU tensors: no autograd or view tracking is wanted.
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  // Timing each node costs only while a profile report is being made.
+  const bool profiling = profiling::enabled();
+  bool all_ran = true;
+  for (size_t i = begin; i < end; ++i) {
+    const ir::Node& source = captured.nodes[exe.program.nodes[i].source_index];
+    const int64_t node_start = profiling ? profiling::now() : 0;
+    const bool ok = run.node(i, source);
+    if (profiling) profiling::nodeRan(exe, i, source, node_start, profiling::now());
+    all_ran = all_ran && ok;
+    if (!ok && on_error == OnError::kStop) break;
+  }
+  return all_ran;
+}
+
 }  // namespace
 
 std::exception_ptr execute(const compiler::Executable& exe, const ir::Graph& captured,
                            const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt,
                            OnError on_error) {
-  // Kernels run on plain CPU tensors: no autograd or view tracking is wanted.
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
   Run run(exe, storages, seed_salt);
-  // Timing each node costs only while a profile report is being made.
   const bool profiling = profiling::enabled();
   const int64_t start = profiling ? profiling::now() : 0;
-  for (size_t i = 0; i < exe.program.nodes.size(); ++i) {
-    const ir::Node& source = captured.nodes[exe.program.nodes[i].source_index];
-    const int64_t node_start = profiling ? profiling::now() : 0;
-    const bool ok = run.node(i, source);
-    if (profiling) profiling::nodeRan(exe, i, source, node_start, profiling::now());
-    if (!ok && on_error == OnError::kStop) break;
-  }
+  runRange(run, exe, captured, 0, exe.program.nodes.size(), on_error);
   if (profiling) profiling::programRan(exe, start, profiling::now());
   return run.settlePoison(storages);
 }
+
+class StagedRun::Impl {
+ public:
+  Impl(const compiler::Executable& exe, const ir::Graph& captured,
+       const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt)
+      : exe(exe), captured(captured), storages(storages), run(exe, storages, seed_salt) {}
+
+  const compiler::Executable& exe;
+  const ir::Graph& captured;
+  const std::vector<c10::StorageImpl*>& storages;
+  Run run;
+  bool failed = false;
+};
+
+StagedRun::StagedRun(const compiler::Executable& exe, const ir::Graph& captured,
+                     const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt)
+    : impl_(std::make_unique<Impl>(exe, captured, storages, seed_salt)) {}
+StagedRun::~StagedRun() = default;
+StagedRun::StagedRun(StagedRun&&) noexcept = default;
+StagedRun& StagedRun::operator=(StagedRun&&) noexcept = default;
+
+bool StagedRun::runNodes(size_t begin, size_t end) {
+  if (impl_->failed) return false;
+  impl_->failed = !runRange(impl_->run, impl_->exe, impl_->captured, begin, end, OnError::kStop);
+  return !impl_->failed;
+}
+
+std::exception_ptr StagedRun::finish() { return impl_->run.settlePoison(impl_->storages); }
 
 c10::Storage hostStorageOf(c10::StorageImpl& ipu_storage) {
   c10::raw::intrusive_ptr::incref(&ipu_storage);

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <exception>
+#include <memory>
 #include <vector>
 
 #include "compiler/executable.h"
@@ -31,6 +32,30 @@ enum class OnError {
 std::exception_ptr execute(const compiler::Executable& exe, const ir::Graph& captured,
                            const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt,
                            OnError on_error);
+
+// One run of `exe` made in parts, each a range of its nodes in program order
+// (a pipeline's stages), possibly each on another thread but never two at
+// once. Stops at the first node that fails, as OnError::kStop. The caller
+// keeps `captured` and the storages alive while it lives.
+class StagedRun {
+ public:
+  StagedRun(const compiler::Executable& exe, const ir::Graph& captured,
+            const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt);
+  ~StagedRun();
+  StagedRun(StagedRun&&) noexcept;
+  StagedRun& operator=(StagedRun&&) noexcept;
+
+  // Runs nodes [begin, end); returns false when one failed (or an earlier
+  // part did): the run's later parts must not run.
+  bool runNodes(size_t begin, size_t end);
+  // After the last part, or a failed one: poisons the storages the run could
+  // not compute (see execute) and returns its first error.
+  std::exception_ptr finish();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // A CPU storage over the bytes of a materialised ipu storage; it keeps the ipu
 // storage alive while it exists.

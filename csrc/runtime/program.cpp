@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "common/metrics.h"
+#include "compiler/pipeline_stages.h"
 #include "device/ipu_device.h"
 #include "runtime/executor.h"
 #include "runtime/guard_failure.h"
@@ -24,10 +25,14 @@ Program::Program(std::shared_ptr<const compiler::Executable> executable,
   for (size_t b = 0; b < storages_.size(); ++b) {
     if (storages_[b]) external_[b] = storages_[b].unsafeGetStorageImpl();
   }
+  bool split = false;  // over several IPUs
   for (const ir::Node& node : graph_->nodes) {
-    needs_calling_thread_ = needs_calling_thread_ || (node.seed && node.generator_arg < 0) ||
-                            node.hasHostEffects();
+    host_effects_ = host_effects_ || node.hasHostEffects();
+    needs_calling_thread_ = needs_calling_thread_ || (node.seed && node.generator_arg < 0);
+    split = split || node.placement.ipu != 0;
   }
+  needs_calling_thread_ = needs_calling_thread_ || host_effects_;
+  if (split) exchanged_bytes_ = compiler::bytesExchangedBetweenIpus(executable_->program);
 }
 
 std::unique_ptr<Program> Program::twin(
@@ -107,9 +112,13 @@ std::exception_ptr Program::execute(uint64_t seed_salt, OnError on_error) const 
       executable_->has_guards
           ? runGuarded(seed_salt, on_error)
           : runtime::execute(*executable_, *graph_, external_, seed_salt, on_error);
-  Metrics::get().executed(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  countRun(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return error;
+}
+
+void Program::countRun(double seconds) const {
+  Metrics::get().executed(seconds);
+  if (exchanged_bytes_ != 0) Metrics::get().bytesBetweenIpus(exchanged_bytes_);
 }
 
 int Program::ipuOfFirstUse(const c10::StorageImpl* storage) const {

@@ -48,7 +48,20 @@ class Program {
   // raised.
   [[nodiscard]] std::exception_ptr tryRun(uint64_t seed_salt = 0) const;
 
+  // One run made in parts, the stages of a pipeline (see StagedRun); the
+  // caller counts it (countRun).
+  StagedRun stagedRun(uint64_t seed_salt) const {
+    return StagedRun(*executable_, *graph_, external_, seed_salt);
+  }
+  // Counts a run that took `seconds` in poptorch.metrics() (with the bytes
+  // it moved between IPUs).
+  void countRun(double seconds) const;
+  // Raises OutOfMemoryError when the temporaries of a run do not fit beside
+  // what each IPU holds.
+  void checkTemporaryMemory() const;
+
   size_t numNodes() const { return executable_->program.nodes.size(); }
+  const compiler::Executable& executable() const { return *executable_; }
   // The optimised program this runs.
   const ir::Graph& compiledGraph() const { return executable_->program; }
   // Modelled peak of temporary memory, per IPU.
@@ -71,12 +84,13 @@ class Program {
   // in order and may call Python (the caller may hold the GIL while it waits
   // for the worker).
   bool needsCallingThread() const { return needs_calling_thread_; }
+  // True when a node has host effects (see needsCallingThread).
+  bool hasHostEffects() const { return host_effects_; }
 
  private:
   Program(std::shared_ptr<const compiler::Executable> executable,
           std::shared_ptr<const ir::Graph> graph, std::vector<c10::Storage> storages);
 
-  void checkTemporaryMemory() const;
   std::exception_ptr execute(uint64_t seed_salt, OnError on_error) const;
   std::exception_ptr runGuarded(uint64_t seed_salt, OnError on_error) const;
 
@@ -85,6 +99,9 @@ class Program {
   std::vector<c10::Storage> storages_;       // keeps external buffers alive
   std::vector<c10::StorageImpl*> external_;  // per buffer, null unless external
   bool needs_calling_thread_ = false;
+  bool host_effects_ = false;
+  // Bytes a run moves between IPUs (compiler::bytesExchangedBetweenIpus).
+  int64_t exchanged_bytes_ = 0;
 };
 
 }  // namespace poptorch::runtime

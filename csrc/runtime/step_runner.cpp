@@ -10,10 +10,9 @@
 
 #include "common/logging.h"
 #include "common/metrics.h"
-#include "device/ipu_device.h"
-#include "device/ipu_tensor.h"
 #include "profiling/profiler.h"
 #include "runtime/executor.h"
+#include "runtime/program_twin.h"
 #include "runtime/worker.h"
 
 namespace poptorch::runtime {
@@ -132,31 +131,15 @@ struct Lane {
 std::pair<std::unique_ptr<Program>, Lane> twinLane(const Program& micro_step,
                                                    const std::vector<at::Tensor>& inputs,
                                                    const std::vector<at::Tensor>& outputs) {
-  std::vector<std::pair<c10::Storage, c10::Storage>> replace;
+  ProgramTwin twin = twinWithOwnIo(micro_step, inputs, outputs);
   Lane lane;
-  // One storage of the lane's own per storage of the first lane (an output
-  // may be an input, or a view of one).
-  auto fresh = [&](const at::Tensor& t) {
-    auto same = std::find_if(replace.begin(), replace.end(),
-                             [&](const auto& pair) { return t.storage().is_alias_of(pair.first); });
-    if (same == replace.end()) {
-      const auto nbytes = static_cast<int64_t>(t.storage().nbytes());
-      at::Tensor bytes =
-          device::emptyIpuTensor({nbytes}, {1}, c10::ScalarType::Byte, t.device().index());
-      device::materialize(*bytes.storage().unsafeGetStorageImpl());
-      same = replace.emplace(replace.end(), t.storage(), bytes.storage());
-    }
-    return device::ipuView(same->second, t.sizes(), t.strides(), t.storage_offset(),
-                           t.scalar_type());
-  };
-  for (const at::Tensor& t : inputs) lane.inputs.push_back(fresh(t));
-  for (const at::Tensor& t : outputs) lane.outputs.push_back(fresh(t));
-  std::unique_ptr<Program> twin = micro_step.twin(replace);
-  lane.run = [program = twin.get()](uint64_t seed_salt) -> const Program& {
+  lane.inputs = std::move(twin.inputs);
+  lane.outputs = std::move(twin.outputs);
+  lane.run = [program = twin.program.get()](uint64_t seed_salt) -> const Program& {
     program->run(seed_salt);
     return *program;
   };
-  return {std::move(twin), std::move(lane)};
+  return {std::move(twin.program), std::move(lane)};
 }
 
 // Inference micro-batches are independent: with two lanes, one per core,
@@ -166,10 +149,9 @@ std::pair<std::unique_ptr<Program>, Lane> twinLane(const Program& micro_step,
 bool lanesApply(const Program* micro_step, const Program* update,
                 const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                 const StepShape& shape, const std::vector<OutputSlots>& slots) {
-  const bool sums = std::any_of(slots.begin(), slots.end(),
-                                [](const OutputSlots& s) { return s.sums(); });
-  if (micro_step == nullptr || update != nullptr || sums ||
-      micro_step->needsCallingThread() ||
+  const bool sums =
+      std::any_of(slots.begin(), slots.end(), [](const OutputSlots& s) { return s.sums(); });
+  if (micro_step == nullptr || update != nullptr || sums || micro_step->needsCallingThread() ||
       shape.iterations * shape.accumulation * shape.replicas < 2) {
     return false;
   }
@@ -189,7 +171,7 @@ struct Call {
   std::vector<GatheredOutput>& outputs;
   uint64_t seed;
   StepTimeline* timeline;  // may be null
-  // With one lane only:
+  // With one lane, or a pipeline (no replica buffers):
   const Program* update = nullptr;  // after every `per_iteration`-th micro-batch
   int64_t per_iteration = 1;
   ReplicaBuffers* replica_buffers = nullptr;
@@ -198,35 +180,67 @@ struct Call {
   std::function<void()> before_update;
 };
 
+// Fills `inputs` with micro-batch k's rows of the host inputs.
+void loadInputs(const Call& call, int64_t k, const std::vector<at::Tensor>& inputs) {
+  StepTimeline* timeline = call.timeline;
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    if (timeline != nullptr) timeline->input[j][k] = profiling::now();
+    copyRows(call.host_inputs[j], k, inputs[j]);
+    if (timeline != nullptr) timeline->input_complete[j][k] = profiling::now();
+  }
+}
+
+// After micro-batch k ran `ran`: the input rows it changed go back to the
+// host batch, and its outputs to their slots.
+void unloadOutputs(const Call& call, int64_t k, const Program& ran,
+                   const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
+  StepTimeline* timeline = call.timeline;
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    if (ran.writes(inputs[j].storage().unsafeGetStorageImpl())) {
+      copyRowsBack(inputs[j], k, call.host_inputs[j]);
+    }
+  }
+  for (size_t o = 0; o < call.outputs.size(); ++o) {
+    const int64_t slot = call.slots[o].slotOf(k);
+    if (slot < 0) continue;
+    if (timeline != nullptr) timeline->output[o][slot] = profiling::now();
+    call.outputs[o].gather(slot, call.slots[o].sums(), outputs[o]);
+    if (timeline != nullptr) timeline->output_complete[o][slot] = profiling::now();
+  }
+}
+
+// Runs the update after an iteration's micro-batches.
+void runUpdate(const Call& call) {
+  if (call.before_update) call.before_update();
+  call.update->run();
+}
+
 // Runs micro-batches first, first + stride, ... of `count` on `lane`.
 void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count, const Call& call) {
   StepTimeline* timeline = call.timeline;
   for (int64_t k = first; k < count; k += stride) {
     if (call.replica_buffers != nullptr) call.replica_buffers->select(k % call.replicas);
-    for (size_t j = 0; j < lane.inputs.size(); ++j) {
-      if (timeline != nullptr) timeline->input[j][k] = profiling::now();
-      copyRows(call.host_inputs[j], k, lane.inputs[j]);
-      if (timeline != nullptr) timeline->input_complete[j][k] = profiling::now();
-    }
+    loadInputs(call, k, lane.inputs);
     if (timeline != nullptr) timeline->launch[k] = profiling::now();
     const Program& ran = lane.run(call.seed + static_cast<uint64_t>(k) + 1);
     if (timeline != nullptr) timeline->launch_complete[k] = profiling::now();
-    for (size_t j = 0; j < lane.inputs.size(); ++j) {
-      if (ran.writes(lane.inputs[j].storage().unsafeGetStorageImpl())) {
-        copyRowsBack(lane.inputs[j], k, call.host_inputs[j]);
-      }
-    }
-    for (size_t o = 0; o < call.outputs.size(); ++o) {
-      const int64_t slot = call.slots[o].slotOf(k);
-      if (slot < 0) continue;
-      if (timeline != nullptr) timeline->output[o][slot] = profiling::now();
-      call.outputs[o].gather(slot, call.slots[o].sums(), lane.outputs[o]);
-      if (timeline != nullptr) timeline->output_complete[o][slot] = profiling::now();
-    }
-    if (call.update != nullptr && (k + 1) % call.per_iteration == 0) {
-      if (call.before_update) call.before_update();
-      call.update->run();
-    }
+    unloadOutputs(call, k, ran, lane.inputs, lane.outputs);
+    if (call.update != nullptr && (k + 1) % call.per_iteration == 0) runUpdate(call);
+  }
+}
+
+// Runs the micro-batches through `pipeline`, flushed before each update.
+void runPipelined(PipelineScheduler& pipeline, int64_t count, const Call& call) {
+  const MicroBatchIo io{
+      [&call](int64_t k, const std::vector<at::Tensor>& inputs) { loadInputs(call, k, inputs); },
+      [&call](int64_t k, const Program& ran, const std::vector<at::Tensor>& inputs,
+              const std::vector<at::Tensor>& outputs) {
+        unloadOutputs(call, k, ran, inputs, outputs);
+      }};
+  const int64_t group = call.update != nullptr ? call.per_iteration : count;
+  for (int64_t first = 0; first < count; first += group) {
+    pipeline.run(first, std::min(group, count - first), call.seed, io, call.timeline);
+    if (call.update != nullptr) runUpdate(call);
   }
 }
 
@@ -271,14 +285,11 @@ void prepare(StepTimeline& timeline, size_t inputs, int64_t count,
 
 }  // namespace
 
-std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update,
-                                 const std::vector<at::Tensor>& device_inputs,
-                                 const std::vector<at::Tensor>& host_inputs,
-                                 const std::vector<at::Tensor>& device_outputs,
-                                 const StepShape& shape, uint64_t seed,
-                                 ReplicaBuffers* replica_buffers,
-                                 const std::function<void()>& before_update,
-                                 StepTimeline* timeline) {
+std::vector<at::Tensor> runSteps(
+    StepVariants& micro_step, const Program* update, const std::vector<at::Tensor>& device_inputs,
+    const std::vector<at::Tensor>& host_inputs, const std::vector<at::Tensor>& device_outputs,
+    const StepShape& shape, uint64_t seed, ReplicaBuffers* replica_buffers,
+    const std::function<void()>& before_update, StepTimeline* timeline) {
   TORCH_CHECK(device_inputs.size() == host_inputs.size(),
               "internal: host and device inputs differ in number");
   Worker::get().waitIdle();
@@ -289,8 +300,8 @@ std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update
   slots.reserve(device_outputs.size());
   outputs.reserve(device_outputs.size());
   for (size_t o = 0; o < device_outputs.size(); ++o) {
-    slots.emplace_back(shape, shape.output_gathers.empty() ? shape.gather
-                                                           : shape.output_gathers[o]);
+    slots.emplace_back(shape,
+                       shape.output_gathers.empty() ? shape.gather : shape.output_gathers[o]);
     outputs.emplace_back(device_outputs[o], slots.back().count());
   }
 
@@ -302,8 +313,23 @@ std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update
       device_inputs, device_outputs};
   Call call{host_inputs, slots, outputs, seed, timeline};
   const Program* unguarded = micro_step.unguarded();
-  if (replica_buffers == nullptr &&
-      lanesApply(unguarded, update, device_inputs, device_outputs, shape, slots)) {
+  std::unique_ptr<PipelineScheduler> pipeline;
+  if (unguarded != nullptr && replica_buffers == nullptr &&
+      shape.stages != StageSchedule::kProgramOrder) {
+    std::string why_not;
+    pipeline =
+        PipelineScheduler::make(*unguarded, device_inputs, device_outputs, shape.stages, why_not);
+    if (!pipeline) {
+      POPTORCH_LOG(kDebug) << "the stages run in program order: " << why_not;
+    }
+  }
+  if (pipeline) {
+    call.update = update;
+    call.per_iteration = per_iteration;
+    call.before_update = before_update;
+    runPipelined(*pipeline, count, call);
+  } else if (replica_buffers == nullptr &&
+             lanesApply(unguarded, update, device_inputs, device_outputs, shape, slots)) {
     auto [twin, second] = twinLane(*unguarded, device_inputs, device_outputs);
     runInTwoLanes(lane, second, count, call);
   } else {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <vector>
 
+#include "runtime/pipeline_scheduler.h"
 #include "runtime/program.h"
 #include "runtime/replica_buffers.h"
 #include "runtime/step_variants.h"
@@ -26,8 +27,10 @@ struct StepShape {
   int64_t iterations = 1;
   int64_t accumulation = 1;
   int64_t replicas = 1;
-  Gather gather;  // of every output without one of its own
+  Gather gather;                       // of every output without one of its own
   std::vector<Gather> output_gathers;  // per output (PopTorch's anchored tensors), or empty
+  // A model split over IPUs: how its stages run.
+  StageSchedule stages = StageSchedule::kProgramOrder;
 };
 
 // When each micro-batch of a call moved its data and ran, in nanoseconds on
@@ -53,13 +56,13 @@ struct StepTimeline {
 // `before_update` (may be empty) runs before each run of `update`: with replicas
 // in other processes, it reduces the accumulated gradients across them.
 // `timeline` (may be null) records when each micro-batch moved and ran.
-std::vector<at::Tensor> runSteps(StepVariants& micro_step, const Program* update,
-                                 const std::vector<at::Tensor>& device_inputs,
-                                 const std::vector<at::Tensor>& host_inputs,
-                                 const std::vector<at::Tensor>& device_outputs,
-                                 const StepShape& shape, uint64_t seed,
-                                 ReplicaBuffers* replica_buffers = nullptr,
-                                 const std::function<void()>& before_update = {},
-                                 StepTimeline* timeline = nullptr);
+// A micro-step split into pipeline stages runs them as `shape.stages` says
+// (see PipelineScheduler), when it can; a pipeline fills and drains for each
+// iteration's micro-batches, before the update.
+std::vector<at::Tensor> runSteps(
+    StepVariants& micro_step, const Program* update, const std::vector<at::Tensor>& device_inputs,
+    const std::vector<at::Tensor>& host_inputs, const std::vector<at::Tensor>& device_outputs,
+    const StepShape& shape, uint64_t seed, ReplicaBuffers* replica_buffers = nullptr,
+    const std::function<void()>& before_update = {}, StepTimeline* timeline = nullptr);
 
 }  // namespace poptorch::runtime

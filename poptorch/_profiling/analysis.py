@@ -142,6 +142,10 @@ def chrome_trace(events: List[Event], memory: Dict[int, ProgramMemory],
             pid = ipu_pid(e.ipu)
             span.update(pid=pid, tid=threads.free(pid, "host I/O", span["ts"], end),
                         cat="transfer", args={"bytes": e.bytes})
+        elif e.kind == "stage":  # the pipeline stages an IPU ran, over their nodes
+            pid = ipu_pid(e.ipu)
+            span.update(pid=pid, tid=threads.free(pid, "pipeline stages", span["ts"], end),
+                        cat="stage", args={"stage": e.node, "micro-batch": e.micro_batch})
         elif e.kind == "user":  # a channel's spans nest
             span.update(pid=HOST_PID, tid=threads.tid(HOST_PID,
                                                       f"channel {e.name.split('.', 1)[0]}"),

@@ -20,7 +20,7 @@ from .. import _C
 from .._logging import logger
 
 # The order of profiling::Kind in csrc/profiling/profiler.h.
-KINDS = ("node", "program", "compile", "to_ipu", "from_ipu", "user")
+KINDS = ("node", "program", "compile", "to_ipu", "from_ipu", "user", "stage")
 # Kinds Python records itself.
 CAPTURE = "capture"
 
@@ -37,9 +37,10 @@ class Event:
     session: int = 0  # the wrapped model's session, 0: none
     track: int = 0  # the lane of a call that ran micro-batches at once (0: the caller's)
     program: int = 0
-    node: int = -1
+    node: int = -1  # a node's position in its program; a stage's pipeline stage
     bytes: int = 0
     ipu_bytes: List[int] = field(default_factory=list)
+    micro_batch: int = -1  # a pipeline stage's micro-batch of its call
 
 
 @dataclass
@@ -97,12 +98,12 @@ def add(event: Event) -> None:
 def _drain() -> None:
     global _dropped
     for raw in _C.profiling_take():
-        kind, name, ipu, start, end, sess, track, program, node, nbytes, ipu_bytes = raw
+        kind, name, ipu, start, end, sess, track, program, node, nbytes, ipu_bytes, micro = raw
         if len(_events) >= _MAX_EVENTS:
             _dropped += 1
             continue
         _events.append(Event(KINDS[kind], name, ipu, start, end, sess, track, program, node,
-                             nbytes, list(ipu_bytes)))
+                             nbytes, list(ipu_bytes), micro))
 
 
 def dropped() -> int:
