@@ -112,3 +112,15 @@ def test_batch_norm_in_eval_mode_returns_empty_saved_statistics_as_the_cpu():
         mean, var = torch.zeros(4, device=x.device), torch.ones(4, device=x.device)
         return torch.ops.aten.native_batch_norm(x, None, None, mean, var, False, 0.1, 1e-5)
     check(run, CHANNELS_LAST)
+
+
+# Dense, with dims of size 1 whose strides are not the contiguous ones (a narrowed dim), and
+# not dense: the CPU's sort keeps self's strides, or infers dense ones in self's order.
+@pytest.mark.parametrize("layout", [torch.zeros(1, 3, 1, 1).narrow(1, 2, 1),
+                                    torch.randn(2, 3, 4).transpose(0, 2)[::2]],
+                         ids=["size_one_dims", "strided"])
+@pytest.mark.parametrize("fn", [lambda x: torch.sort(x, 0), lambda x: torch.msort(x),
+                                lambda x: torch.argsort(x, dim=-1, stable=True)],
+                         ids=["sort", "msort", "argsort"])
+def test_sort_results_keep_the_cpu_strides(fn, layout):
+    check(fn, layout)

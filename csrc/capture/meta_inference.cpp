@@ -1,6 +1,7 @@
 #include "capture/meta_inference.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
@@ -349,6 +350,18 @@ void correctForCpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arg
       const std::vector<int64_t> strides = c10::get_channels_last_strides_2d(output.sizes);
       output.strides.assign(strides.begin(), strides.end());
     }
+  } else if (name == "aten::sort" && op.operator_name().overload_name == "stable") {
+    // Sort's C++ meta function gives both results self's strides when self is
+    // dense (msort, argsort), but the structured path ends in the Python Meta
+    // kernel of sort's out= form, which restrides them as empty_like's Python
+    // Meta kernel does: other strides for dims of size 1, which steer later
+    // ops on the CPU (matmul's path).
+    const at::Tensor& self = arguments[0].toTensor();
+    const std::vector<int64_t> strides =
+        self.is_non_overlapping_and_dense() ? self.strides().vec()
+                                            : at::infer_dense_strides(self.sizes(), self.strides());
+    for (ReturnInfo& r : result.returns)
+      r.tensors[0].strides.assign(strides.begin(), strides.end());
   }
 }
 

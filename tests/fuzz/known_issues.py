@@ -21,7 +21,7 @@ import torch
 
 import poptorch
 
-from .ops import DTYPE_NAMES, Line
+from .ops import Line
 
 
 @dataclass(frozen=True)
@@ -41,14 +41,6 @@ KNOWN_ISSUES: Dict[str, KnownIssue] = {
                "CPU raises at the call, the ipu the same error only at the next sync (issue 9 "
                "item 11, error placement: being fixed by the helper on errors)",
         test="test_a_dtype_the_kernel_lacks_is_refused_at_the_call", deferred=True),
-    "matmul_of_mixed_dtypes_with_an_empty_result": KnownIssue(
-        reason="matmul of an int64 and an int32 tensor with an empty result: the CPU returns "
-               "int32 for an operand whose size-1 dims have other strides (msort's result), "
-               "the ipu int64 (its msort gives other strides for size-1 dims, which steer "
-               "matmul's path; found by the fuzzer, not fixed yet)",
-        test="test_matmul_of_mixed_dtypes_with_an_empty_result_has_the_cpus_dtype",
-        ops=("matmul:",),
-        hits=lambda line, ns: DTYPE_NAMES[ns[line.reads[0]].dtype] not in line.code),
 }
 
 
