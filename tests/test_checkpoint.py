@@ -186,6 +186,25 @@ def test_storages_round_trip_and_read_pending_values():
     assert torch.equal(storage_bytes(loaded.untyped()), storage_bytes(loaded_on_cpu.untyped()))
 
 
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+def test_typed_storages_of_pending_tensors_and_their_views_work_like_the_cpu():
+    # tensor.storage() (PyTorch's test files use it) of a tensor whose bytes a graph has
+    # not written yet: its values, its pointer shared by the views, and writes through it.
+    observed = []
+    for device in ("cpu", "ipu"):
+        x = _base().to(device) * 3
+        view = x.t()[1:]
+        storage = view.storage()
+        assert storage.data_ptr() == x.storage().data_ptr() == x.data_ptr()
+        assert storage._cdata == x.storage()._cdata
+        assert view.data_ptr() == storage.data_ptr() + view.storage_offset() * x.element_size()
+        values = (len(storage), storage.dtype, storage.tolist())
+        storage[0] = -1.0
+        observed.append((values, x.tolist(), view.tolist(), storage.device.type))
+    assert observed[0][:3] == observed[1][:3]  # and the write reached the tensor and view
+    assert [o[3] for o in observed] == ["cpu", "ipu"]
+
+
 def test_pending_tensors_have_their_own_pointers_like_the_cpu():
     # Pointer identity is how checkpoint code (safetensors, transformers) finds
     # tensors that share memory; a pending tensor has no bytes until it runs.
