@@ -7,7 +7,10 @@ its kernels on one core, and the one-IPU run gets one core too).
 
 Configurations are interleaved within each repeat, so that load from other
 processes falls on all of them alike; the figure is the median of the
-repeats' seconds per step (one call = one step).
+repeats' seconds per step (one call = one step). ``cores used`` is the
+process's CPU time over the wall time: on a machine shared with other
+processes (Linux's autogroup shares the cores between sessions, not threads)
+it says how much of the machine the run got.
 
     python benchmarks/pipeline.py                 # 7 repeats
     python benchmarks/pipeline.py --repeats 3 --accumulation 8
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import time
 from typing import Dict, List
@@ -71,27 +75,39 @@ def main() -> None:
     torch.set_num_threads(1)
     configs = {f"{n} IPU{'s' if n > 1 else ''}": build(n, args) for n in (1, 2, 4)}
     seconds: Dict[str, List[float]] = {name: [] for name in configs}
+    cores: Dict[str, List[float]] = {name: [] for name in configs}  # CPU time / wall time
     for _ in range(args.repeats):
         for name, (training, data) in configs.items():
+            cpu = _cpu_seconds()
             start = time.perf_counter()
             for _ in range(args.steps):
                 training(*data)
-            seconds[name].append((time.perf_counter() - start) / args.steps)
+            wall = time.perf_counter() - start
+            seconds[name].append(wall / args.steps)
+            cores[name].append((_cpu_seconds() - cpu) / wall)
     median = {name: statistics.median(s) for name, s in seconds.items()}
     result = {"settings": vars(args), "load_average": os.getloadavg(),
               "seconds_per_step": seconds, "median": median,
-              "speedup": {name: median["1 IPU"] / m for name, m in median.items()}}
+              "speedup": {name: median["1 IPU"] / m for name, m in median.items()},
+              "cores_used": {name: statistics.median(c) for name, c in cores.items()}}
     if args.json:
         print(json.dumps(result))
         return
     print(f"{args.layers} x Linear({args.width}, {args.width}), micro-batches of {args.rows} "
           f"rows, {args.accumulation} per step; one kernel thread per IPU; "
           f"load average {result['load_average'][0]:.1f}")
-    print("| configuration | s/step (median) | speed-up vs 1 IPU | repeats |")
-    print("| --- | --- | --- | --- |")
+    print("| configuration | s/step (median) | speed-up vs 1 IPU | cores used | repeats |")
+    print("| --- | --- | --- | --- | --- |")
     for name, m in median.items():
         print(f"| {name} | {m:.3f} | {result['speedup'][name]:.2f}x | "
+              f"{result['cores_used'][name]:.2f} | "
               f"{', '.join(f'{s:.3f}' for s in seconds[name])} |")
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process (every thread), user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 if __name__ == "__main__":
