@@ -174,3 +174,14 @@ def test_replica_grouped_weights_across_processes(tmp_path):
                 torch.testing.assert_close(got_out, script.mine(out, rank), **close)
                 torch.testing.assert_close(got_loss, script.mine(loss, rank), **close)
         training.destroy()
+
+
+@pytest.mark.parametrize("mode, low, high", [("die", 0.0, 4.0), ("hang", 4.5, 20.0)])
+def test_an_async_collective_fails_at_wait_when_a_process_dies_or_hangs(mode, low, high):
+    """async_op=True on ipu tensors: the Work's wait() raises PyTorch's error,
+    at once if the other process died, after the group's 5 s timeout if it hangs."""
+    result = processes("async_faults.py", mode, "5", timeout=120)
+    assert result.returncode == 1, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    found = re.search(r"rank 0 failed after ([0-9.]+) s", result.stdout)
+    assert found, result.stdout
+    assert low <= float(found.group(1)) <= high, result.stdout

@@ -91,7 +91,7 @@ check("reduce_scatter_tensor", out, (torch.arange(2.) + 2 * rank) * size)
 
 dist.barrier()
 
-# Point to point (gloo's send and recv give no future: they are waited for at the call).
+# Point to point, blocking and not.
 got = torch.zeros(3, device=ipu)
 if rank == 0:
     dist.send(torch.full((3,), 5.0, device=ipu), size - 1)
