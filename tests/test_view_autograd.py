@@ -135,3 +135,15 @@ def test_the_views_that_change_metadata_are_torchgens():
     gen = pytest.importorskip("torchgen.packaged.autograd.gen_inplace_or_view_type")
     ours = {"view_as_real", "view_as_complex", "_conj", "_neg_view"}
     assert {n for n in gen.VIEW_FUNCTIONS_WITH_METADATA_CHANGE if "nested" not in n} == ours
+
+
+def test_views_under_functorch_transforms_match_cpu():
+    # Wrapper tensors (vmap, grad) add dispatch keys above autograd's.
+    from torch.func import grad, vmap  # pylint: disable=import-outside-toplevel
+
+    def f(row):
+        return (row.view(2, 2).t()[0] * row[1:3]).sum()
+
+    x = torch.arange(12.0).reshape(3, 4)
+    for transform, arg in ((vmap(f), x), (grad(f), x[0]), (vmap(grad(f)), x)):
+        assert_same(transform(arg), transform(arg.to("ipu")))
