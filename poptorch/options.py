@@ -256,6 +256,11 @@ class _TrainingOptions(_Settings):
     automatic_loss_scaling = _Value(False, "Whether the loss scaling factor adapts itself.")
     convolution_dithering = _Value(False, "Lay convolutions out from different tiles.")
 
+    @property
+    def meanAccumulationAndReplicationReductionStrategy(self) -> MeanReductionStrategy:
+        """PopTorch's name of ``mean_reduction_strategy``."""
+        return self.mean_reduction_strategy
+
     def gradientAccumulation(self, gradient_accumulation: int) -> _TrainingOptions:
         """Micro-batches whose gradients are accumulated before each weight
         update (one micro-batch is ``batch_size`` samples of the DataLoader)."""

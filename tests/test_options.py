@@ -311,6 +311,8 @@ def test_load_from_file(tmp_path):
     assert opts.connection_type is ConnectionType.OnDemand
     assert (opts.input_group_size, opts.input_group_type) == (2, CommGroupType.Orthogonal)
     assert opts.Training.mean_reduction_strategy is MeanReductionStrategy.Running
+    assert (opts.Training.meanAccumulationAndReplicationReductionStrategy
+            is MeanReductionStrategy.Running)  # PopTorch's name
     assert opts.updatable_named_buffers == ("bn.running_mean",)
     strategy = opts.execution_strategy
     assert type(strategy) is poptorch.PipelinedExecution
