@@ -132,7 +132,15 @@ class StepCapture:
                     outputs = torch.func.functional_call(self.model, tensors, self._args,
                                                          self._kwargs, strict=False,
                                                          tie_weights=False)
-            self.split = blocks.end_forward()
+            try:
+                self.split = blocks.end_forward()
+            except Error as error:
+                if self.grouped is None:
+                    raise
+                raise Error(f"{error}. Here they are the lookups of the replica-grouped weights "
+                            "(per_replica_params), which run before forward: with grouped "
+                            "weights, annotate the model with poptorch.BeginBlock instead of "
+                            "`with poptorch.Block(...)` scopes") from None
             if self.training:
                 self._backward(recorder.loss(outputs))
             self._bind_outputs((outputs, self.anchors.values() if self.anchors else {}))

@@ -275,3 +275,82 @@ def test_a_submodules_parameter_by_its_name():
         expected = torch.cat([x[r * MICRO:(r + 1) * MICRO] @ linear.weight[r].t() + linear.bias
                               for r in range(REPLICAS)])
     torch.testing.assert_close(out, expected)
+
+
+class _Head(torch.nn.Module):
+    def __init__(self, scoped):
+        super().__init__()
+        self.scoped = scoped
+        self.W = torch.nn.Parameter(torch.randn(REPLICAS, 4, 2))
+
+    def forward(self, h):
+        if not self.scoped:
+            return h @ self.W
+        with poptorch.Block(ipu_id=1):
+            return h @ self.W
+
+
+class _TwoStages(torch.nn.Module):
+    def __init__(self, scoped):
+        super().__init__()
+        self.scoped = scoped
+        self.a = torch.nn.Linear(4, 4)
+        self.head = _Head(scoped)
+        if not scoped:
+            self.a = poptorch.BeginBlock(self.a, ipu_id=0)
+            self.head = poptorch.BeginBlock(self.head, ipu_id=1)
+
+    def forward(self, x, t):
+        if self.scoped:
+            with poptorch.Block(ipu_id=0):
+                h = self.a(x)
+        else:
+            h = self.a(x)
+        y = self.head(h)
+        return y, ((y - t) ** 2).mean()
+
+
+def _pipelined(model):
+    opts = poptorch.Options().replicationFactor(REPLICAS)
+    opts.Training.gradientAccumulation(ACCUMULATION * 2)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution())
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    training.per_replica_params["head.W"] = (CommGroupType.NoGrouping, 0,
+                                             VariableRetrievalMode.OnePerGroup)
+    g = torch.Generator().manual_seed(1)
+    rows = ACCUMULATION * 2 * REPLICAS * MICRO
+    return training, torch.randn(rows, 4, generator=g), torch.randn(rows, 2, generator=g)
+
+
+def test_a_pipelined_model_with_a_grouped_weight_equals_the_cpu():
+    """BeginBlock stages: the shared Linear on IPU 0 averaged over every
+    micro-batch, the head's per-replica W on IPU 1 over its replica's."""
+    torch.manual_seed(0)
+    model = _TwoStages(scoped=False)
+    reference = copy.deepcopy(model)
+    training, x, t = _pipelined(model)
+    training(x, t)
+    steps = ACCUMULATION * 2
+    xs, ts = x.reshape(steps, REPLICAS, MICRO, 4), t.reshape(steps, REPLICAS, MICRO, 2)
+    params = list(reference.a.parameters())
+    grads = [torch.zeros_like(p) for p in params]
+    grad_w = torch.zeros_like(reference.head.W)
+    for step in range(steps):
+        for r in range(REPLICAS):
+            y = reference.a(xs[step, r]) @ reference.head.W[r]
+            got = torch.autograd.grad(((y - ts[step, r]) ** 2).mean(), params + [reference.head.W])
+            for g, add in zip(grads, got):
+                g += add / (steps * REPLICAS)
+            grad_w += got[-1] / steps
+    with torch.no_grad():
+        for p, g in zip(params, grads):
+            p -= 0.1 * g
+        reference.head.W -= 0.1 * grad_w
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_block_scopes_with_grouped_weights_are_refused():
+    training, x, t = _pipelined(_TwoStages(scoped=True))
+    with pytest.raises(poptorch.Error, match="annotate the model with poptorch.BeginBlock"):
+        training(x, t)
