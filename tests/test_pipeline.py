@@ -65,7 +65,11 @@ def test_pipelined_training_overlaps_stages(tmp_path):
     training = poptorch.trainingModel(model, _profiled(tmp_path, "train", opts),
                                       torch.optim.SGD(model.parameters(), lr=0.01))
     training(*_data(6 * 16))
+    executions = poptorch.metrics()["executions"]
     training.destroy()  # writes the report
+    with open(tmp_path / "train" / "summary.json", encoding="utf-8") as f:
+        # Each micro-batch's run through the stages is a program run, as counted.
+        assert json.load(f)["summary"]["program_runs"] == executions
     spans = _by_stage(_stage_spans(tmp_path, "train"))
     # Three pipeline stages: forward 0 (IPU 0), forward and backward 1 (IPU 1),
     # backward 0 (IPU 0); every micro-batch through each.

@@ -242,6 +242,7 @@ std::exception_ptr PipelineScheduler::runStage(size_t s, int64_t i, int64_t read
       slot.seconds = 0;
     }
     const int64_t start = profiling::now();
+    if (s == 0) slot.start_ns = start;
     const bool ok = slot.run->runNodes(stage.begin, stage.end);
     end_ns = profiling::now();
     slot.seconds += static_cast<double>(end_ns - start) * 1e-9;
@@ -260,6 +261,9 @@ std::exception_ptr PipelineScheduler::runStage(size_t s, int64_t i, int64_t read
     slot.run.reset();
     if (error) return error;
     slot.program->countRun(slot.seconds);
+    // The micro-batch's whole run, as a program run in profiles (as metrics count it).
+    if (profiling::enabled())
+      profiling::programRan(slot.program->executable(), slot.start_ns, end_ns);
     call_.io->unload(k, *slot.program, slot.inputs, slot.outputs);
     return nullptr;
   } catch (...) {

@@ -77,7 +77,8 @@ class PipelineScheduler {
     std::vector<at::Tensor> inputs;
     std::vector<at::Tensor> outputs;
     std::optional<StagedRun> run;
-    double seconds = 0;  // the run's time so far
+    double seconds = 0;    // the run's time so far
+    int64_t start_ns = 0;  // when its first stage started
   };
   // The current call of run().
   struct Call {
