@@ -64,6 +64,34 @@ def test_cpu_scalar_tensors_mix_with_ipu_tensors():
     assert torch.equal(result.cpu(), torch.full((3,), 3.0))
 
 
+# A CPU scalar first: PyTorch's Python Meta kernels refused it (the op ran on the
+# host and its result stayed there), and PyTorch's host fallback returns results
+# on the device of its first tensor argument.
+def _check_cpu_scalar_first(op, scalar, other):
+    expected = op(scalar, other)
+    result = op(scalar, other.to("ipu"))
+    assert result.device.type == "ipu"
+    assert result.dtype == expected.dtype
+    torch.testing.assert_close(result.cpu(), expected)
+
+
+@pytest.mark.parametrize("op", [torch.mul, torch.add, torch.sub, torch.div])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64, torch.int64])
+def test_a_cpu_scalar_first_gives_an_ipu_result_with_the_cpu_values(op, dtype):
+    _check_cpu_scalar_first(op, torch.tensor(3, dtype=dtype), torch.tensor([1, -2, 4], dtype=dtype))
+
+
+@pytest.mark.parametrize(
+    "op", [torch.maximum, torch.atan2, lambda weight, t: torch.lerp(t, t * 2, weight)])
+def test_a_cpu_scalar_first_in_float_ops(op):
+    _check_cpu_scalar_first(op, torch.tensor(0.25), torch.tensor([1.0, -2.0, 4.0]))
+
+
+def test_a_cpu_scalar_first_in_an_op_that_runs_on_the_host():
+    _check_cpu_scalar_first(torch.masked_select, torch.tensor(2.0),
+                            torch.tensor([True, False, True]))
+
+
 def test_bad_device_index():
     with pytest.raises(IndexError, match="ipu:9 is not a device.*4 IPUs"):
         torch.ones(3, device="ipu:9")

@@ -314,6 +314,21 @@ std::vector<size_t> unannotatedWrites(const c10::OperatorHandle& op,
   return {};
 }
 
+// PyTorch's host fallback returns fresh results on its first tensor argument's
+// device: the host's for a CPU scalar first (`torch.masked_select(torch.tensor(2.),
+// mask)`). They belong on the ipu of the op's ipu arguments.
+void moveFreshResultsToIpu(const c10::OperatorHandle& op, c10::Device ipu,
+                           torch::jit::Stack* stack) {
+  const auto& returns = op.schema().returns();
+  const size_t first = stack->size() - returns.size();
+  for (size_t r = 0; r < returns.size(); ++r) {
+    if (returns[r].alias_info() != nullptr) continue;
+    c10::IValue& result = (*stack)[first + r];
+    result = mapTensors(
+        result, [&](const at::Tensor& t) { return t.defined() && t.is_cpu() ? t.to(ipu) : t; });
+  }
+}
+
 }  // namespace
 
 void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
@@ -421,10 +436,17 @@ bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool all
 }
 
 void hostFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* reason) {
+  std::optional<c10::Device> ipu;
+  for (const c10::IValue& argument : torch::jit::last(*stack, op.schema().arguments().size())) {
+    forEachTensor(argument, [&](const at::Tensor& t) {
+      if (!ipu && t.defined() && t.is_ipu()) ipu = t.device();
+    });
+  }
   // PyTorch's own host fallback: it copies ipu arguments to the CPU (a sync
   // point), runs the CPU kernel, and copies results and mutated arguments back.
   // An error here is the user's (the CPU would raise it too): not a fallback.
   at::native::cpu_fallback(op, stack);
+  if (ipu) moveFreshResultsToIpu(op, *ipu, stack);
   const std::string name = opName(op);
   if (Metrics::get().hostFallback(name)) {
     POPTORCH_LOG(kWarn) << name << " ran on the host (" << reason

@@ -11,6 +11,7 @@
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/TensorImpl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <functional>
@@ -34,12 +35,20 @@ class StorageNumbering {
   absl::flat_hash_map<const c10::StorageImpl*, int32_t> index_;
 };
 
+bool isHostScalar(const at::Tensor& t) { return t.defined() && t.is_cpu() && t.dim() == 0; }
+
 // Meta twins of ipu tensors. Twins of views of one ipu storage share one meta
-// storage, so Meta kernels see the same aliasing as the real ones.
+// storage, so Meta kernels see the same aliasing as the real ones. CPU scalars
+// (0-dim host tensors, which mix with tensors of any device) stay on the host,
+// or get meta twins of their own.
 class MetaTwins {
  public:
+  explicit MetaTwins(bool twin_host_scalars) : twin_host_scalars_(twin_host_scalars) {}
+
   c10::IValue convert(const c10::IValue& value) {
-    return mapTensors(value, [this](const at::Tensor& t) { return twin(t); });
+    return mapTensors(value, [this](const at::Tensor& t) {
+      return twin_host_scalars_ && isHostScalar(t) ? hostScalarTwin(t) : twin(t);
+    });
   }
 
   // The argument storage a meta result views, or -1.
@@ -69,6 +78,17 @@ class MetaTwins {
     return at::Tensor(std::move(impl));
   }
 
+  // Type promotion tells a wrapped Python number from a 0-dim tensor: the twin
+  // keeps the flag.
+  static at::Tensor hostScalarTwin(const at::Tensor& t) {
+    at::Tensor twin = at::detail::empty_meta({}, t.options().device(c10::kMeta));
+    twin.unsafeGetTensorImpl()->set_wrapped_number(t.unsafeGetTensorImpl()->is_wrapped_number());
+    twin.unsafeGetTensorImpl()->_set_conj(t.is_conj());
+    twin.unsafeGetTensorImpl()->_set_neg(t.is_neg());
+    return twin;
+  }
+
+  bool twin_host_scalars_;
   StorageNumbering numbering_;
   std::vector<c10::Storage> meta_storages_;
   absl::flat_hash_map<const c10::StorageImpl*, int32_t> index_of_meta_;
@@ -413,10 +433,10 @@ class FakeCpuInference {
   FakeCpuRunner runner_;
 };
 
-std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
-                                        c10::ArrayRef<c10::IValue> arguments, bool* cacheable) {
-  checkAsCpuKernel(op, arguments);
-  MetaTwins twins;
+std::optional<MetaResult> runOnTwins(const c10::OperatorHandle& op,
+                                     c10::ArrayRef<c10::IValue> arguments, bool twin_host_scalars,
+                                     bool* cacheable) {
+  MetaTwins twins(twin_host_scalars);
   torch::jit::Stack meta_args;
   meta_args.reserve(arguments.size());
   for (const c10::IValue& value : arguments) meta_args.push_back(twins.convert(value));
@@ -481,6 +501,27 @@ std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
   }
   correctForCpu(op, arguments, result);
   return result;
+}
+
+// A Python Meta kernel may refuse a CPU scalar as it is (it copies one that
+// comes first, `torch.tensor(2.) * x`, to the Meta device, which it may not):
+// its meta twin answers then. It stays on the host otherwise, for the kernels
+// that read its value. When the twin gets no answer either, the host does (the
+// op falls back, and raises the CPU's own error if there is one).
+std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
+                                        c10::ArrayRef<c10::IValue> arguments, bool* cacheable) {
+  checkAsCpuKernel(op, arguments);
+  std::optional<MetaResult> result = runOnTwins(op, arguments, false, cacheable);
+  const bool any_host_scalar = std::any_of(
+      arguments.begin(), arguments.end(),
+      [](const c10::IValue& value) { return value.isTensor() && isHostScalar(value.toTensor()); });
+  if (result || !any_host_scalar) return result;
+  try {
+    return runOnTwins(op, arguments, true, cacheable);
+  } catch (const std::exception& error) {
+    POPTORCH_LOG(kTrace) << op.operator_name() << ": Meta inference failed: " << error.what();
+    return std::nullopt;
+  }
 }
 
 }  // namespace
