@@ -81,3 +81,29 @@ def test_chunked_linear_cross_entropy_accumulates_as_on_the_cpu(dtype):
     actual = F.linear_cross_entropy(x.to("ipu"), w.to("ipu"), target.to("ipu"), reduction="none",
                                     options=options)
     assert_same(expected, actual, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.uint8])
+def test_mode_into_out_tensors_matches_the_cpu(dtype):
+    """mode's generic out= kernel refused devices other than CPU, CUDA and XPU."""
+    x = torch.tensor([[1, 2, 2, 3], [4, 4, 1, 1], [5, 6, 7, 7]], dtype=dtype)
+    out = {d: (torch.empty(0, dtype=dtype, device=d), torch.empty(0, dtype=torch.long, device=d))
+           for d in ("cpu", "ipu")}
+    # Views as out= tensors: the results land in their bases.
+    views = {d: torch.zeros(3, 2, dtype=dtype, device=d) for d in ("cpu", "ipu")}
+    for d in ("cpu", "ipu"):
+        torch.mode(x.to(d), 1, out=out[d])
+        torch.mode(x.to(d), 1, out=(views[d][:, 1], torch.empty(3, dtype=torch.long, device=d)))
+    assert_same(out["cpu"], out["ipu"])
+    assert_same(views["cpu"], views["ipu"])
+    assert_same(torch.mode(x, 0, keepdim=True), torch.mode(x.to("ipu"), 0, keepdim=True))
+
+
+def test_mode_gradients_match_the_cpu():
+    x = torch.tensor([[1.0, 2.0, 2.0], [3.0, 3.0, 0.5]])
+    grads = {}
+    for d in ("cpu", "ipu"):
+        leaf = x.to(d).detach().requires_grad_()
+        (torch.mode(leaf, 1).values * torch.tensor([2.0, 3.0], device=d)).sum().backward()
+        grads[d] = leaf.grad
+    assert_same(grads["cpu"], grads["ipu"])

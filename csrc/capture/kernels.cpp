@@ -420,7 +420,8 @@ TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("_to_copy", TORCH_FN(toCopy)); }
 // Ops with a host (CPU) kernel and also a generic math kernel for other
 // devices would get the math version on the ipu, which computes differently
 // from the CPU and captures as several nodes. Capture them as they are
-// instead; likewise convolution, whose generic kernel dispatches by device.
+// instead; likewise convolution, whose generic kernel dispatches by device,
+// and mode, whose generic kernel refuses devices other than CPU, CUDA and XPU.
 struct CaptureHostKernelOps {
   CaptureHostKernelOps()
       : library(torch::Library::IMPL, "aten", c10::DispatchKey::IPU, __FILE__, __LINE__) {
@@ -433,7 +434,9 @@ struct CaptureHostKernelOps {
           op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
       const bool wanted = (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) && has_math_kernel) ||
                           name.name == "aten::convolution" ||
-                          name.name == "aten::convolution_backward";
+                          name.name == "aten::convolution_backward" ||
+                          (name.name == "aten::mode" &&
+                           (name.overload_name.empty() || name.overload_name == "values"));
       if (!wanted || op.hasKernelForDispatchKey(c10::DispatchKey::IPU)) continue;
       const std::string qualified = name.overload_name.empty()
                                         ? name.name.substr(6)
