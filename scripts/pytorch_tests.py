@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -25,7 +26,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.MULTILINE)
-CLOSING = re.compile(r"^=+ .* in [\d.]+s", re.MULTILINE)
+INTERRUPT_GRACE_SECONDS = 120
 
 
 def run_pytest(directory: Path, args: List[str], log: Path, timeout: int) -> bool:
@@ -38,10 +39,19 @@ def run_pytest(directory: Path, args: List[str], log: Path, timeout: int) -> boo
     command = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--tb=short",
                *args]
     with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=directory, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT)
         try:
-            subprocess.run(command, cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT,
-                           timeout=timeout, check=False)
+            process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            # SIGINT, not SIGKILL: pytest then prints the failures of the tests that ran
+            # (with their tracebacks), so a partial run can still be classified.
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=INTERRUPT_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
             return False
     return True
 
