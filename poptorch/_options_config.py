@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import os
 from typing import TYPE_CHECKING, Any, List, Optional, Union
 
@@ -126,3 +127,39 @@ def _apply_config_line(options: "Options", line: str) -> None:
     except TypeError as error:
         raise Error(f"wrong arguments for {'.'.join(path)}: {error}") from None
     method(target, *args, **kwargs)
+
+
+def load_default_options(options: "Options", variable: str = "POPTORCH_DEFAULT_OPTIONS") -> None:
+    """Applies the options of the environment variable, as PopTorch does: a JSON
+    object of setter -> argument (a list for several), e.g.
+    ``{"deviceIterations": 2, "Precision.enableFloatingPointExceptions": true,
+    "connectionType": "ConnectionType.OnDemand"}``; a string naming an enum
+    member stands for it. Each entry is applied as a config file line."""
+    text = os.environ.get(variable)
+    if not text:
+        return
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigFileError(f"{variable}: not JSON ({error})") from None
+    if not isinstance(entries, dict):
+        raise ConfigFileError(f"{variable}: expected a JSON object of setter -> argument, "
+                              f"got {text!r}")
+    for setter, value in entries.items():
+        arguments = value if isinstance(value, list) else [value]
+        line = f"{setter}({', '.join(_json_argument(a) for a in arguments)})"
+        try:
+            _apply_config_line(options, line)
+        except Error as error:
+            raise ConfigFileError(f"{variable}: {line!r}: {error}") from None
+
+
+def _json_argument(value: Any) -> str:
+    """A JSON value as config line source: enum members by name, others literal."""
+    if isinstance(value, str):
+        try:
+            _config_value(ast.parse(value, mode="eval").body)
+            return value  # an enum member such as "ConnectionType.OnDemand"
+        except (Error, SyntaxError):
+            pass
+    return repr(value)

@@ -29,7 +29,7 @@ from typing import (Any, Callable, ClassVar, Dict, Generic, Iterator, List, Opti
 import torch
 
 from . import autocasting
-from ._options_config import ConfigFileError, load_config_file
+from ._options_config import ConfigFileError, load_config_file, load_default_options
 from ._errors import Error
 from ._execution_strategy import _ExecutionStrategy
 from ._logging import logger
@@ -569,6 +569,7 @@ class Options(_Settings):
         cache_dir = os.environ.get("POPTORCH_CACHE_DIR")
         if cache_dir:
             self.enableExecutableCaching(cache_dir)
+        load_default_options(self)  # POPTORCH_DEFAULT_OPTIONS, as in PopTorch
 
     # -- batching and outputs
     def deviceIterations(self, device_iterations: int) -> Options:

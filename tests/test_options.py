@@ -319,6 +319,33 @@ def test_load_from_file(tmp_path):
     assert [tuple(strategy.stage(b).blocks) for b in "abc"] == [("a", "b")] * 2 + [("c",)]
 
 
+def test_default_options_from_the_environment(monkeypatch):
+    # PopTorch's POPTORCH_DEFAULT_OPTIONS: setter -> argument(s), enums by name.
+    monkeypatch.setenv("POPTORCH_DEFAULT_OPTIONS", (
+        '{"deviceIterations": 2, "Precision.enableFloatingPointExceptions": true, '
+        '"connectionType": "ConnectionType.OnDemand", "logDir": "OutputMode.Nope", '
+        '"_Popart.set": ["saveInitializersToFile", "my_file.onnx"]}'))
+    from_environment = Options()
+    monkeypatch.delenv("POPTORCH_DEFAULT_OPTIONS")
+    explicit = Options().deviceIterations(2).connectionType(ConnectionType.OnDemand)
+    explicit.Precision.enableFloatingPointExceptions(True)
+    explicit.logDir("OutputMode.Nope")  # not an enum member: the string itself
+    explicit._Popart.set("saveInitializersToFile", "my_file.onnx")
+    assert repr(from_environment) == repr(explicit) != repr(Options())
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{", "not JSON"), ("[1]", "expected a JSON object"),
+    ('{"deviceIterations": "x"}', r"deviceIterations\('x'\)"),
+    ('{"toDict": []}', "is not an option setter"),
+])
+def test_bad_default_options_name_the_variable(monkeypatch, value, message):
+    monkeypatch.setenv("POPTORCH_DEFAULT_OPTIONS", value)
+    with pytest.raises(poptorch.options.ConfigFileError,
+                       match=f"POPTORCH_DEFAULT_OPTIONS: .*{message}"):
+        Options()
+
+
 def test_load_from_file_does_not_run_code(tmp_path):
     marker = tmp_path / "pwned"
     path = write_config(tmp_path, f"__import__('os').system('touch {marker}')")
