@@ -164,6 +164,41 @@ def test_a_stage_error_in_training_reaches_the_caller():
         training(x, index)
 
 
+class TwoLookups(torch.nn.Module):
+    """Stage 0 selects rows of a table (an IndexError, 'out of range'), stage
+    1 gathers from another (a RuntimeError, 'out of bounds')."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.rows = torch.nn.Parameter(torch.randn(10, 4))
+        self.values = torch.nn.Parameter(torch.randn(10, 4))
+
+    def forward(self, select, gather):
+        with poptorch.Block(ipu_id=0):
+            x = self.rows.index_select(0, select)
+        with poptorch.Block(ipu_id=1):
+            return x + torch.gather(self.values, 0, gather)
+
+
+def test_the_earliest_micro_batch_error_is_raised():
+    """Micro-batch 1 fails in stage 1, micro-batch 2 in stage 0, which the
+    pipeline may run first: the error is micro-batch 1's, as on the CPU."""
+    model = TwoLookups()
+    inference = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(4))
+    select = torch.randint(0, 10, (8,))
+    gather = torch.randint(0, 10, (8, 4))
+    torch.testing.assert_close(inference(select, gather), model(select, gather))
+    gather[2, 0] = 12  # micro-batch 1 (rows 2 and 3)
+    select[4] = 10     # micro-batch 2 (rows 4 and 5)
+    with pytest.raises(RuntimeError, match="out of bounds") as cpu:
+        for k in range(4):  # the CPU, micro-batch after micro-batch
+            model(select[2 * k:2 * k + 2], gather[2 * k:2 * k + 2])
+    with pytest.raises(RuntimeError, match="out of bounds") as ipu:
+        inference(select, gather)
+    assert type(ipu.value) is type(cpu.value)
+
+
 def test_bytes_between_ipus_are_counted():
     """Each micro-batch sends stage 0's activations (rows x WIDTH float32) to
     IPU 1; nothing else crosses in inference."""

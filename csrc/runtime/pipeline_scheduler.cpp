@@ -163,7 +163,10 @@ void PipelineScheduler::run(int64_t first, int64_t count, uint64_t seed, const M
     ended_.assign(stages_.size(), std::vector<int64_t>(static_cast<size_t>(count), 0));
     free_ns_.assign(threads_.size(), call_start_ns_);
     work_.notify_all();
-    finished_.wait(lock, [&] { return active_ == 0 && (error_ || done_.back() == count); });
+    // After a failure, the micro-batches before it complete, as they would
+    // have one after another; those after it stop where they are.
+    finished_.wait(lock,
+                   [&] { return active_ == 0 && done_.back() == (error_ ? error_at_ : count); });
     call_.io = nullptr;  // nothing more to run
     error = std::exchange(error_, nullptr);
   }
@@ -173,10 +176,10 @@ void PipelineScheduler::run(int64_t first, int64_t count, uint64_t seed, const M
 }
 
 int PipelineScheduler::next(size_t thread) const {
-  if (error_ || call_.io == nullptr) return -1;
+  if (call_.io == nullptr) return -1;
   for (size_t s : by_thread_[thread]) {
     const int64_t i = done_[s];
-    if (i >= call_.count) continue;
+    if (i >= (error_ ? error_at_ : call_.count)) continue;
     // A micro-batch enters once the one that held its slot has left.
     const bool ready = s == 0 ? (i < static_cast<int64_t>(depth_) ||
                                  done_.back() > i - static_cast<int64_t>(depth_))

@@ -63,9 +63,9 @@ class PipelineScheduler {
 
   // Runs micro-batches [first, first + count) (micro-batch k with the seed
   // salt seed + k + 1) and returns when they have all run. A stage that fails
-  // stops the pipeline: the error of the earliest micro-batch that failed is
-  // raised, once every running stage has returned (later micro-batches may
-  // have run some of their stages).
+  // stops the micro-batches after its own (they may have run some of their
+  // stages); those before it complete, as they would one after another, and
+  // the error of the earliest micro-batch that failed is raised.
   void run(int64_t first, int64_t count, uint64_t seed, const MicroBatchIo& io,
            StepTimeline* timeline);
 
