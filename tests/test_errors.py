@@ -39,6 +39,27 @@ ARGUMENT_ERRORS = {
                                                         torch.tensor([0.0], device=d)),
     "index_add_ of another dtype": lambda d: torch.zeros(3, device=d).index_add_(
         0, torch.tensor([0], device=d), torch.ones(1, dtype=torch.int64, device=d)),
+    # Checks only the CPU kernel makes (PyTorch's Meta kernels skip them): made at the call by
+    # running the CPU kernel on stand-ins (csrc/capture/cpu_checks.h).
+    "random_ with from >= to": lambda d: torch.zeros(3, device=d).random_(5, 2),
+    "rand_like of an integer tensor": lambda d: torch.rand_like(
+        torch.ones(3, dtype=torch.int64, device=d)),
+    "neg out= of a complex tensor": lambda d: torch.neg(
+        torch.ones(2, device=d), out=torch.empty(2, dtype=torch.complex64, device=d)),
+    "frexp out= with a float exponent": lambda d: torch.frexp(
+        torch.ones(2, device=d), out=(torch.empty(2, device=d), torch.empty(2, device=d))),
+    "cat out= into an expanded tensor": lambda d: torch.cat(
+        [torch.ones(2, device=d)] * 2, out=torch.zeros(1, device=d).expand(4)),
+    "index_fill_ with a complex value": lambda d: torch.zeros(3, 2, device=d).index_fill_(
+        0, torch.tensor([1], device=d), 1 + 2j),
+    "index_put_ of another dtype": lambda d: torch.zeros(3, dtype=torch.bool, device=d).index_put_(
+        (torch.tensor([0, 2], device=d),), torch.ones(2, device=d)),
+    "index_put_ with no index on a 0-dim tensor": lambda d: torch.tensor(1.0, device=d).index_put_(
+        (), torch.ones(2, device=d)),
+    "setitem with a uint8 mask": lambda d: torch.zeros(2, 3, dtype=torch.uint8, device=d).__setitem__(
+        torch.tensor([1, 0], dtype=torch.uint8, device=d), 1),
+    "index_select of a 0-dim tensor with an empty index": lambda d: torch.index_select(
+        torch.tensor(1.5, device=d), 0, torch.zeros(0, dtype=torch.int64, device=d)),
 }
 
 
@@ -50,6 +71,48 @@ def test_an_argument_error_is_raised_at_the_call(case):
         f("ipu")
     assert str(raised.value).splitlines()[0] == str(expected).splitlines()[0]
     poptorch.synchronize()  # and nothing deferred either
+
+
+# Calls that checks of the values pass: the CPU kernel's run on stand-ins at the call (all
+# zeros, then all ones) must not refuse them; what the values decide is the run's to check.
+CHECKED_BY_VALUE = {
+    "integer floor_divide": lambda d: torch.tensor([7, -8], device=d) // torch.tensor(
+        [2, 3], device=d),
+    "integer remainder": lambda d: torch.remainder(torch.tensor([7, -8], device=d),
+                                                   torch.tensor([2, 3], device=d)),
+    "inverse": lambda d: torch.linalg.inv(torch.tensor([[2.0, 1.0], [1.0, 3.0]], device=d)),
+    "cholesky": lambda d: torch.linalg.cholesky(torch.tensor([[2.0, 1.0], [1.0, 3.0]], device=d)),
+    "gather of the last element": lambda d: torch.gather(torch.arange(3.0, device=d), 0,
+                                                         torch.tensor([2], device=d)),
+    "embedding of the second row": lambda d: torch.nn.functional.embedding(
+        torch.tensor([1], device=d), torch.arange(4.0, device=d).view(2, 2)),
+    "multinomial of one possible outcome": lambda d: torch.multinomial(
+        torch.tensor([0.0, 1.0], device=d), 1),
+    "lu_unpack's pivots": lambda d: torch.lu_unpack(
+        *torch.linalg.lu_factor(torch.tensor([[1.0, 2.0], [3.0, 1.0]], device=d)))[0],
+}
+
+
+@pytest.mark.parametrize("case", CHECKED_BY_VALUE)
+def test_a_call_whose_values_pass_the_kernels_checks_is_not_refused(case):
+    f = CHECKED_BY_VALUE[case]
+    torch.testing.assert_close(f("ipu").cpu(), f("cpu"))
+
+
+def test_the_checks_at_the_call_draw_no_random_numbers():
+    """A random op's stand-in run draws from a generator of its own (or gives the default one
+    its state back): the first call of a signature, which is checked, draws what a later one
+    does."""
+    def draw():
+        torch.manual_seed(0)
+        x = torch.ones(7, 5, device="ipu")
+        results = [torch.nn.functional.dropout(x, 0.5), torch.rand_like(x),
+                   torch.empty(7, 5, device="ipu").random_(0, 9)]
+        return [r.cpu() for r in results] + [torch.rand(3)]
+
+    first = draw()  # signatures not seen before: checked as the CPU kernel
+    for a, b in zip(first, draw()):
+        torch.testing.assert_close(a, b)
 
 
 RUNTIME_FAILURES = {

@@ -1,5 +1,5 @@
 """Differences from the CPU found by the fuzzer (tests/fuzz), minimised, each compared with
-the CPU. One marked ``known_issue`` is not fixed yet: a strict expected failure whose reason
+the CPU. A test marked ``known_issue`` is not fixed yet: a strict expected failure whose reason
 is its entry in ``tests/fuzz/known_issues.py`` (the fuzzer avoids it meanwhile)."""
 import sys
 import textwrap
@@ -29,7 +29,6 @@ def _drain_deferred_errors():
         pass
 
 
-@known_issue("errors_deferred_to_the_sync")
 def test_index_put_dtype_mismatch_raises_at_the_call():
     for dev in DEVICES:
         x = torch.tensor([True, False, True], device=dev)
@@ -37,7 +36,6 @@ def test_index_put_dtype_mismatch_raises_at_the_call():
             x[torch.tensor([0, 2, 1])] = torch.randn(3, device=dev)
 
 
-@known_issue("errors_deferred_to_the_sync")
 def test_uint8_mask_setitem_with_a_scalar_raises_at_the_call():
     for dev in DEVICES:
         x = torch.zeros(2, 3, dtype=torch.uint8, device=dev)
@@ -46,14 +44,12 @@ def test_uint8_mask_setitem_with_a_scalar_raises_at_the_call():
             x[mask] = 1
 
 
-@known_issue("errors_deferred_to_the_sync")
 def test_a_dtype_the_kernel_lacks_is_refused_at_the_call():
     for dev in DEVICES:
         with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
             torch.rand_like(torch.ones(3, dtype=torch.int64, device=dev))
 
 
-@known_issue("errors_deferred_to_the_sync")
 def test_index_select_of_a_scalar_with_an_empty_index_raises_at_the_call():
     for dev in DEVICES:
         x = torch.tensor(1.5, device=dev)

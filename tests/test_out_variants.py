@@ -87,3 +87,35 @@ def test_a_user_out_tensor_that_grows_keeps_its_value_on_the_ipu():
     torch.mm(x.to("ipu"), x.t().to("ipu"), out=ipu_out)
     assert ipu_out.shape == cpu_out.shape and ipu_out.stride() == cpu_out.stride()
     assert_same(cpu_out, ipu_out)
+
+
+# Factories writing into a view of a larger tensor: only the view's elements change.
+FACTORIES_INTO_VIEWS = {
+    "arange": lambda out: torch.arange(0, 4, out=out),
+    "linspace": lambda out: torch.linspace(0, 1, 4, out=out),
+    "logspace": lambda out: torch.logspace(0, 1, 4, out=out),
+}
+
+
+@pytest.mark.parametrize("view", ["narrowed", "strided"])
+@pytest.mark.parametrize("factory", FACTORIES_INTO_VIEWS)
+def test_a_factory_writes_only_the_elements_of_its_out_view(factory, view):
+    results = {}
+    for device in ("cpu", "ipu"):
+        base = torch.zeros(10, device=device)
+        FACTORIES_INTO_VIEWS[factory](base.narrow(0, 3, 4) if view == "narrowed" else base[1::2][:4])
+        results[device] = base
+    assert_same(results["cpu"], results["ipu"])
+
+
+def test_mode_writes_its_out_tensors_as_on_the_cpu():
+    x = torch.tensor([[1.0, 2.0, 2.0], [3.0, 3.0, 1.0]])
+    results = {}
+    for device in ("cpu", "ipu"):
+        values = torch.empty(0, device=device)
+        indices = torch.empty(0, dtype=torch.int64, device=device)
+        returned = torch.mode(x.to(device), 1, out=(values, indices))
+        assert returned[0] is values and returned[1] is indices
+        results[device] = (values, indices)
+    assert_same(results["cpu"][0], results["ipu"][0])
+    assert_same(results["cpu"][1], results["ipu"][1])

@@ -124,3 +124,13 @@ def test_batch_norm_in_eval_mode_returns_empty_saved_statistics_as_the_cpu():
                          ids=["sort", "msort", "argsort"])
 def test_sort_results_keep_the_cpu_strides(fn, layout):
     check(fn, layout)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "strided_slice"])
+def test_max_unpool2d_of_strided_inputs_places_values_as_on_the_cpu(layout):
+    pooled, indices = F.max_pool2d(torch.randn(1, 4, 4, 8), 2, return_indices=True)
+    if layout == "transposed":
+        pooled, indices = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (pooled, indices))
+    else:  # every other plane
+        pooled, indices = pooled[:, ::2], indices[:, ::2]
+    check(lambda p, i: F.max_unpool2d(p, i, 2), pooled, indices)

@@ -17,6 +17,7 @@
 #include <functional>
 #include <mutex>
 
+#include "capture/cpu_checks.h"
 #include "common/ivalue_tensors.h"
 #include "common/logging.h"
 
@@ -184,38 +185,6 @@ bool isViewOp(const c10::FunctionSchema& schema) {
 }
 
 std::atomic<MustPropagate> must_propagate{nullptr};
-
-// rsub is not structured: its CPU kernel refuses bool operands as sub's meta
-// function does (sub_check).
-void checkRsubOperands(c10::ArrayRef<c10::IValue> arguments) {
-  auto is_bool = [](const c10::IValue& v) {
-    return v.isTensor() ? v.toTensor().scalar_type() == at::kBool : v.isBool();
-  };
-  const bool self_bool = is_bool(arguments[0]);
-  const bool other_bool = is_bool(arguments[1]);
-  TORCH_CHECK(!self_bool || !other_bool,
-              "Subtraction, the `-` operator, with two bool tensors is not supported. "
-              "Use the `^` or `logical_xor()` operator instead.");
-  TORCH_CHECK(!self_bool && !other_bool,
-              "Subtraction, the `-` operator, with a bool tensor is not supported. "
-              "If you are trying to invert a mask, use the `~` or `logical_not()` operator "
-              "instead.");
-}
-
-// Checks a CPU kernel makes at the call that neither a structured meta function
-// nor the op's Meta kernel makes: rsub's operands, and max()/min() over every
-// element of an empty tensor (the Meta kernel returns -inf/inf).
-void checkAsCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
-  const std::string& name = op.schema().name();
-  if (name == "aten::rsub" && arguments.size() >= 2) {
-    checkRsubOperands(arguments);
-  } else if ((name == "aten::max" || name == "aten::min") && arguments.size() == 1 &&
-             arguments[0].isTensor()) {
-    TORCH_CHECK(arguments[0].toTensor().numel() != 0, name.substr(6),
-                "(): Expected reduction dim to be specified for input.numel() == 0. "
-                "Specify the reduction dim with the 'dim' argument.");
-  }
-}
 
 // Arguments on which a PyTorch Meta kernel disagrees with the CPU kernel,
 // rewritten to ones that mean the same to the CPU. nansum (and nanmean, built
@@ -510,7 +479,6 @@ std::optional<MetaResult> runOnTwins(const c10::OperatorHandle& op,
 // op falls back, and raises the CPU's own error if there is one).
 std::optional<MetaResult> runMetaKernel(const c10::OperatorHandle& op,
                                         c10::ArrayRef<c10::IValue> arguments, bool* cacheable) {
-  checkAsCpuKernel(op, arguments);
   std::optional<MetaResult> result = runOnTwins(op, arguments, false, cacheable);
   const bool any_host_scalar = std::any_of(
       arguments.begin(), arguments.end(),
@@ -552,7 +520,11 @@ std::optional<MetaResult> inferMeta(const c10::OperatorHandle& op,
     auto it = cache.find(signature.key());
     if (it != cache.end()) return it->second;
   }
+  const bool keyed = cacheable;
   std::optional<MetaResult> result = runMetaKernel(op, arguments, &cacheable);
+  // The CPU kernel's own checks, once per signature (they are too slow for
+  // every call). Without a Meta answer the op runs on the host, which makes them.
+  if (result && keyed) checkAsCpuKernel(op, arguments);
   if (result && cacheable) {
     if (cache.size() >= kMaxCachedSignatures) cache.clear();
     cache.emplace(signature.key(), *result);

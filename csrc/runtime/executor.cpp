@@ -11,8 +11,8 @@
 #include <c10/core/TensorImpl.h>
 
 #include <algorithm>
-#include <mutex>
 
+#include "common/default_generator.h"
 #include "common/ivalue_tensors.h"
 #include "device/ipu_device.h"
 #include "ir/hash.h"
@@ -57,36 +57,6 @@ bool hasLayout(const at::Tensor& t, const ir::TensorRef& ref, c10::IntArrayRef s
          t.sizes().equals(ref.sizes) && t.strides().equals(strides) && t.is_conj() == ref.conj &&
          t.is_neg() == ref.neg;
 }
-
-// For random ops without a generator argument: the default generator runs
-// them from the captured seed, then gets its own state back. The stages of a
-// pipeline run such ops on several threads: one at a time (a kernel locks the
-// generator's own mutex while it draws, so that one cannot be held across).
-class DefaultGeneratorSeeded {
- public:
-  explicit DefaultGeneratorSeeded(uint64_t seed)
-      : one_at_a_time_(runsMutex()), generator_(at::detail::getDefaultCPUGenerator()) {
-    std::lock_guard<std::mutex> lock(generator_.mutex());
-    saved_ = generator_.clone();
-    generator_.set_current_seed(seed);
-  }
-  ~DefaultGeneratorSeeded() {
-    std::lock_guard<std::mutex> lock(generator_.mutex());
-    generator_.set_state(saved_.get_state());
-  }
-  DefaultGeneratorSeeded(const DefaultGeneratorSeeded&) = delete;
-  DefaultGeneratorSeeded& operator=(const DefaultGeneratorSeeded&) = delete;
-
- private:
-  static std::mutex& runsMutex() {
-    static std::mutex mutex;
-    return mutex;
-  }
-
-  std::lock_guard<std::mutex> one_at_a_time_;
-  at::Generator generator_;
-  at::Generator saved_;
-};
 
 // The kernel runs under the deterministic-algorithms setting of the op's call,
 // not the one in force when the graph happens to run.
@@ -231,7 +201,8 @@ class Run {
         stack_[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(seedOf(source));
         call(op);
       } else if (source.seed) {
-        DefaultGeneratorSeeded seeded(seedOf(source));
+        // A random op without a generator argument draws from the default one.
+        const DefaultGeneratorBorrowed seeded(seedOf(source));
         call(op);
       } else {
         call(op);

@@ -1,0 +1,191 @@
+#include "capture/cpu_checks.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
+#include <absl/container/flat_hash_map.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string>
+#include <typeinfo>
+
+#include "common/default_generator.h"
+#include "common/ivalue_tensors.h"
+#include "common/logging.h"
+
+namespace poptorch::capture {
+namespace {
+
+// Above this many bytes of stand-ins, a check would cost a CPU run of that
+// size: the op's argument errors then surface when the graph runs.
+constexpr size_t kMaxStandInBytes = size_t{16} << 20;
+
+// The values the stand-ins hold: every element zero, then every element one.
+// A check of the values that the real data passes almost always passes one of
+// them too (an index is in range, a divisor non-zero, a pivot in [1, n]).
+constexpr int kFillers[] = {0, 1};
+
+// How much of an ipu storage the arguments view, and as what.
+struct Extent {
+  size_t bytes = 0;                                  // up to the end of its furthest view
+  at::ScalarType dtype = at::ScalarType::Undefined;  // of its first view
+};
+using Extents = absl::flat_hash_map<const c10::StorageImpl*, Extent>;
+
+// CPU stand-ins of ipu tensors over filler values. Stand-ins of views of one
+// ipu storage share one CPU storage, so overlap checks see the real aliasing.
+class StandIns {
+ public:
+  // The extents of the distinct ipu storages of `arguments`, or nullopt if
+  // they are too large to run on.
+  static std::optional<Extents> measure(c10::ArrayRef<c10::IValue> arguments) {
+    Extents extents;
+    size_t total = 0;
+    for (const c10::IValue& value : arguments) {
+      forEachTensor(value, [&](const at::Tensor& t) {
+        if (!t.defined() || !t.is_ipu()) return;
+        Extent& extent = extents[t.storage().unsafeGetStorageImpl()];
+        if (extent.dtype == at::ScalarType::Undefined) extent.dtype = t.scalar_type();
+        const size_t end = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize(),
+                                                            t.storage_offset());
+        total += std::max(end, extent.bytes) - extent.bytes;
+        extent.bytes = std::max(end, extent.bytes);
+      });
+    }
+    if (total > kMaxStandInBytes) return std::nullopt;
+    return extents;
+  }
+
+  StandIns(const Extents& extents, int filler) {
+    c10::Allocator* allocator = c10::GetCPUAllocator();
+    for (const auto& [ipu, extent] : extents) {
+      c10::Storage storage(c10::Storage::use_byte_size_t(), extent.bytes,
+                           allocator->allocate(extent.bytes), allocator, /*resizable=*/true);
+      if (extent.bytes > 0) std::memset(storage.mutable_data(), 0, extent.bytes);
+      if (filler != 0) {
+        const int64_t elements =
+            static_cast<int64_t>(extent.bytes / c10::elementSize(extent.dtype));
+        tensorOn(storage, c10::scalarTypeToTypeMeta(extent.dtype), {elements}, {1}, 0)
+            .fill_(filler);
+      }
+      storages_.emplace(ipu, std::move(storage));
+    }
+  }
+
+  c10::IValue convert(const c10::IValue& value) const {
+    return mapTensors(value, [this](const at::Tensor& t) { return standIn(t); });
+  }
+
+ private:
+  static at::Tensor tensorOn(const c10::Storage& storage, caffe2::TypeMeta dtype,
+                             c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
+    auto impl = c10::make_intrusive<c10::TensorImpl>(
+        c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
+    impl->set_sizes_and_strides(sizes, strides, offset);
+    return at::Tensor(std::move(impl));
+  }
+
+  at::Tensor standIn(const at::Tensor& t) const {
+    if (!t.defined() || !t.is_ipu()) return t;  // host scalars take part as they are
+    at::Tensor stand_in = tensorOn(storages_.at(t.storage().unsafeGetStorageImpl()), t.dtype(),
+                                   t.sizes(), t.strides(), t.storage_offset());
+    stand_in.unsafeGetTensorImpl()->_set_conj(t.is_conj());
+    stand_in.unsafeGetTensorImpl()->_set_neg(t.is_neg());
+    return stand_in;
+  }
+
+  absl::flat_hash_map<const c10::StorageImpl*, c10::Storage> storages_;
+};
+
+bool isGenerator(const c10::Argument& argument) {
+  c10::TypePtr type = argument.type();
+  if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+  return type->kind() == c10::TypeKind::GeneratorType;
+}
+
+// Warnings belong to the run of the op, which still gives them.
+class DiscardWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
+// Errors that say something about the values, whatever the fillers gave: a
+// factorisation that failed (PyTorch raises LinAlgError exactly for that), or
+// memory the run would have had.
+bool aboutTheData(const c10::Error& error) {
+  return dynamic_cast<const c10::LinAlgError*>(&error) != nullptr ||
+         dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr;
+}
+
+// What a run on stand-ins raised.
+struct Raised {
+  std::exception_ptr error;
+  const std::type_info* type;
+  std::string message;
+  bool about_the_data;
+
+  bool same(const Raised& other) const { return *type == *other.type && message == other.message; }
+};
+
+// Runs the CPU kernel on stand-ins over `filler`.
+std::optional<Raised> runOnStandIns(const c10::OperatorHandle& op,
+                                    c10::ArrayRef<c10::IValue> arguments, const Extents& extents,
+                                    int filler) {
+  const StandIns stand_ins(extents, filler);
+  torch::jit::Stack stack;
+  stack.reserve(arguments.size());
+  const auto& schema = op.schema();
+  bool draws_from_default = op.hasTag(at::Tag::nondeterministic_seeded);
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (isGenerator(schema.arguments()[i])) {
+      // Random numbers come from a generator of its own: the user's stay as
+      // they were.
+      stack.emplace_back(at::make_generator<at::CPUGeneratorImpl>());
+      draws_from_default = false;
+    } else {
+      stack.push_back(stand_ins.convert(arguments[i]));
+    }
+  }
+  std::optional<DefaultGeneratorBorrowed> default_generator;
+  if (draws_from_default) default_generator.emplace();
+  DiscardWarnings discard;
+  const c10::WarningUtils::WarningHandlerGuard no_warnings(&discard);
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+  } catch (const c10::Error& error) {
+    return Raised{std::current_exception(), &typeid(error), error.msg(), aboutTheData(error)};
+  }
+  return std::nullopt;
+}
+
+// Ops whose CPU kernel is PyTorch's own: an op of another namespace may act
+// beyond its arguments (a collective talks to other processes).
+bool checkable(const c10::OperatorHandle& op) {
+  return op.schema().name().rfind("aten::", 0) == 0 &&
+         op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
+}
+
+}  // namespace
+
+void checkAsCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  if (!checkable(op)) return;
+  const std::optional<Extents> extents = StandIns::measure(arguments);
+  if (!extents) {
+    POPTORCH_LOG(kTrace) << op.operator_name()
+                         << ": tensors too large to check as the CPU kernel at the call";
+    return;
+  }
+  // The checks are capture's business: they stay out of the user's profiles.
+  at::DisableRecordFunctionGuard not_profiled;
+  const std::optional<Raised> first = runOnStandIns(op, arguments, *extents, kFillers[0]);
+  if (!first || first->about_the_data) return;
+  const std::optional<Raised> second = runOnStandIns(op, arguments, *extents, kFillers[1]);
+  if (second && first->same(*second)) std::rethrow_exception(first->error);
+}
+
+}  // namespace poptorch::capture
