@@ -73,6 +73,30 @@ def test_an_argument_error_is_raised_at_the_call(case):
     poptorch.synchronize()  # and nothing deferred either
 
 
+# Float arguments CPU kernels check, against 0 and 1 or each other. The checks at the call run
+# once per signature in which floats count by that class only (so that a new learning rate is
+# not checked again): each case follows a valid call of the same op on the same shapes.
+FLOAT_ARGUMENT_ERRORS = {
+    "uniform_ with from > to": (lambda d: torch.zeros(3, device=d).uniform_(0.25, 0.5),
+                                lambda d: torch.zeros(3, device=d).uniform_(5.0, 2.0)),
+    "bernoulli_ with p > 1": (lambda d: torch.zeros(3, device=d).bernoulli_(0.5),
+                              lambda d: torch.zeros(3, device=d).bernoulli_(1.5)),
+    "normal_ with a negative std": (lambda d: torch.zeros(3, device=d).normal_(0.0, 2.0),
+                                    lambda d: torch.zeros(3, device=d).normal_(0.0, -1.0)),
+}
+
+
+@pytest.mark.parametrize("case", FLOAT_ARGUMENT_ERRORS)
+def test_a_float_argument_error_is_raised_at_the_call(case):
+    valid, invalid = FLOAT_ARGUMENT_ERRORS[case]
+    valid("ipu")
+    expected = cpu_error(invalid)
+    with pytest.raises(type(expected)) as raised:
+        invalid("ipu")
+    assert str(raised.value).splitlines()[0] == str(expected).splitlines()[0]
+    poptorch.synchronize()
+
+
 # Calls that checks of the values pass: the CPU kernel's run on stand-ins at the call (all
 # zeros, then all ones) must not refuse them; what the values decide is the run's to check.
 CHECKED_BY_VALUE = {

@@ -136,26 +136,27 @@ struct Raised {
 std::optional<Raised> runOnStandIns(const c10::OperatorHandle& op,
                                     c10::ArrayRef<c10::IValue> arguments, const Extents& extents,
                                     int filler) {
-  const StandIns stand_ins(extents, filler);
-  torch::jit::Stack stack;
-  stack.reserve(arguments.size());
   const auto& schema = op.schema();
   bool draws_from_default = op.hasTag(at::Tag::nondeterministic_seeded);
-  for (size_t i = 0; i < arguments.size(); ++i) {
-    if (isGenerator(schema.arguments()[i])) {
-      // Random numbers come from a generator of its own: the user's stay as
-      // they were.
-      stack.emplace_back(at::make_generator<at::CPUGeneratorImpl>());
-      draws_from_default = false;
-    } else {
-      stack.push_back(stand_ins.convert(arguments[i]));
-    }
-  }
-  std::optional<DefaultGeneratorBorrowed> default_generator;
-  if (draws_from_default) default_generator.emplace();
   DiscardWarnings discard;
   const c10::WarningUtils::WarningHandlerGuard no_warnings(&discard);
   try {
+    // Filling may fail too (fill_ lacks a dtype): then no two runs agree.
+    const StandIns stand_ins(extents, filler);
+    torch::jit::Stack stack;
+    stack.reserve(arguments.size());
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      if (isGenerator(schema.arguments()[i])) {
+        // Random numbers come from a generator of its own: the user's stay as
+        // they were.
+        stack.emplace_back(at::make_generator<at::CPUGeneratorImpl>());
+        draws_from_default = false;
+      } else {
+        stack.push_back(stand_ins.convert(arguments[i]));
+      }
+    }
+    std::optional<DefaultGeneratorBorrowed> default_generator;
+    if (draws_from_default) default_generator.emplace();
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
   } catch (const c10::Error& error) {
     return Raised{std::current_exception(), &typeid(error), error.msg(), aboutTheData(error)};

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cmath>
 #include <functional>
 #include <mutex>
 
@@ -97,9 +98,14 @@ class MetaTwins {
 
 // Everything a Meta kernel's answer can depend on, as integers: the op, and
 // for each argument its value or, for a tensor, its metadata and aliasing.
+// With `Floats::kByClass`, a float counts only by how it compares with 0, 1
+// and the call's other floats (see checkAsCpuKernelOnce).
 class Signature {
  public:
-  explicit Signature(const c10::OperatorHandle& op) {
+  enum class Floats { kByValue, kByClass };
+
+  explicit Signature(const c10::OperatorHandle& op, Floats floats = Floats::kByValue)
+      : floats_(floats) {
     key_.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(&op.schema())));
   }
 
@@ -120,7 +126,7 @@ class Signature {
     if (v.isGenerator()) return push(4);
     if (v.isBool()) return push(5) && push(v.toBool());
     if (v.isInt()) return push(6) && push(v.toInt());
-    if (v.isDouble()) return push(7) && push(std::bit_cast<int64_t>(v.toDouble()));
+    if (v.isDouble()) return push(7) && addDouble(v.toDouble());
     if (v.isString()) {
       return push(8) && push(static_cast<int64_t>(std::hash<std::string>{}(v.toStringRef())));
     }
@@ -144,6 +150,21 @@ class Signature {
     return true;
   }
 
+  bool addDouble(double x) {
+    if (floats_ == Floats::kByValue) return push(std::bit_cast<int64_t>(x));
+    // nan, -inf, negative, 0, between 0 and 1, 1, above 1, +inf.
+    const int64_t category = std::isnan(x) ? 0
+                             : x < 0       ? (std::isinf(x) ? 1 : 2)
+                             : x == 0      ? 3
+                             : x < 1       ? 4
+                             : x == 1      ? 5
+                                           : (std::isinf(x) ? 7 : 6);
+    push(category);
+    for (double earlier : doubles_) push((earlier < x) - (x < earlier));
+    doubles_.push_back(x);
+    return true;
+  }
+
   bool addTensor(const at::Tensor& t) {
     if (!t.defined()) return push(-1);
     push(static_cast<int64_t>(t.device().type()));
@@ -164,6 +185,8 @@ class Signature {
 
   std::vector<int64_t> key_;
   StorageNumbering numbering_;
+  Floats floats_;
+  c10::SmallVector<double, 4> doubles_;  // with kByClass: the floats so far
 };
 
 using MetaCache = absl::flat_hash_map<std::vector<int64_t>, MetaResult>;
@@ -402,6 +425,21 @@ class FakeCpuInference {
   FakeCpuRunner runner_;
 };
 
+// The CPU kernel's own checks (cpu_checks.h), too slow for every call: once
+// per signature. A CPU kernel checks a float argument against 0 or 1 or another
+// argument (a probability, a standard deviation, from < to); otherwise its value
+// changes from call to call (a learning rate, Adam's bias corrections), so it
+// counts by its class, and a new learning rate is not checked again.
+void checkAsCpuKernelOnce(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  Signature signature(op, Signature::Floats::kByClass);
+  for (const c10::IValue& value : arguments) signature.add(value);
+  thread_local absl::flat_hash_set<std::vector<int64_t>> checked;
+  if (checked.contains(signature.key())) return;
+  checkAsCpuKernel(op, arguments);  // throws what the CPU kernel raises
+  if (checked.size() >= kMaxCachedSignatures) checked.clear();
+  checked.insert(signature.key());
+}
+
 std::optional<MetaResult> runOnTwins(const c10::OperatorHandle& op,
                                      c10::ArrayRef<c10::IValue> arguments, bool twin_host_scalars,
                                      bool* cacheable) {
@@ -522,9 +560,9 @@ std::optional<MetaResult> inferMeta(const c10::OperatorHandle& op,
   }
   const bool keyed = cacheable;
   std::optional<MetaResult> result = runMetaKernel(op, arguments, &cacheable);
-  // The CPU kernel's own checks, once per signature (they are too slow for
-  // every call). Without a Meta answer the op runs on the host, which makes them.
-  if (result && keyed) checkAsCpuKernel(op, arguments);
+  // Without a Meta answer the op runs on the host, which makes the CPU
+  // kernel's checks itself.
+  if (result && keyed) checkAsCpuKernelOnce(op, arguments);
   if (result && cacheable) {
     if (cache.size() >= kMaxCachedSignatures) cache.clear();
     cache.emplace(signature.key(), *result);
