@@ -81,6 +81,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if not isinstance(mode, DataLoaderMode):
             raise Error(f"DataLoader mode must be a poptorch.DataLoaderMode, got {mode!r}")
         self._options = options
+        options._freeze()  # pylint: disable=protected-access
         self._user_batch_size = batch_size
         micro_batches = micro_batches_per_call(options)
         batch_sampler = kwargs.pop("batch_sampler", None)

@@ -84,6 +84,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
             raise Error(f"expected a torch.nn.Module to wrap, got {type(model).__name__}")
         self._model = model
         self._options = options if options is not None else Options()
+        self._options._freeze()  # pylint: disable=protected-access
         self._training = training
         if training and self._options.Training.gradient_accumulation < 1:
             raise Error("gradientAccumulation must be at least 1")

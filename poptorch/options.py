@@ -180,9 +180,24 @@ class _Settings:
     def __init__(self) -> None:
         self._values: Dict[str, Any] = {name: f.default for name, f in self._FIELDS.items()}
 
+    # Set on the options a model or DataLoader uses (Options._freeze): they read
+    # them when they run, so a later change would not be what they compiled for.
+    _frozen = False
+
     def _set(self: S, key: str, value: Any) -> S:
+        if self._frozen:
+            name = f"{self._NAME}.{key}" if self._NAME else key
+            raise Error(f"these options can no longer change ({name}): a model or a "
+                        "DataLoader uses them, as in PopTorch; change a copy "
+                        "(opts.clone() or copy.deepcopy(opts)) and wrap the model with it")
         self._values[key] = value
         return self
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # Copies (copy.deepcopy, clone) and pickles are not frozen.
+        state = dict(self.__dict__)
+        state.pop("_frozen", None)
+        return state
 
     def _set_not_honoured(self: S, method: str, key: str, value: Any) -> S:
         _log_if_not_honoured(f"{self._NAME}.{method}" if self._NAME else method, value)
@@ -837,8 +852,14 @@ class Options(_Settings):
             for name, value, default in getattr(self, group)._items():
                 yield f"{group}.{name}", value, default
 
+    def _freeze(self) -> None:
+        """Called by the models and DataLoaders that use these options."""
+        self._frozen = True
+        for group in self._GROUPS:
+            getattr(self, group)._frozen = True
+
     def clone(self) -> Options:
-        """A deep copy of these options."""
+        """A deep copy of these options (not frozen)."""
         return copy.deepcopy(self)
 
     def loadFromFile(self, filepath: Union[str, os.PathLike[str]]) -> Options:

@@ -81,7 +81,7 @@ def test_a_batch_that_does_not_divide_into_groups_is_an_error():
     with pytest.raises(poptorch.Error, match=r"input 0 has 10 rows: with inputReplicaGrouping"
                                              r"\(2\) .* = 4 micro-batches"):
         poptorch.inferenceModel(torch.nn.Linear(5, 2), opts)(torch.randn(10, 5))
-    opts.replicationFactor(3)
+    opts = opts.clone().replicationFactor(3)  # the model froze the first options
     with pytest.raises(poptorch.Error, match="multiple of 2"):
         poptorch.inferenceModel(torch.nn.Linear(5, 2), opts)(torch.randn(12, 5))
 

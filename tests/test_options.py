@@ -496,3 +496,25 @@ def test_the_progress_bar_can_be_hidden(capsys):
     assert "Graph compilation" not in capsys.readouterr().err
     poptorch.inferenceModel(model)(torch.ones(2, 3))
     assert "Graph compilation" in capsys.readouterr().err
+
+
+def test_options_freeze_once_a_model_or_dataloader_uses_them():
+    # As in PopTorch: a model reads its options when it runs, so a change after
+    # wrapping would not be what it was compiled for.
+    model = torch.nn.Linear(3, 2)
+    opts = Options()
+    inference = poptorch.inferenceModel(model, opts)
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(inference(x), model(x))
+    with pytest.raises(Error, match=r"can no longer change \(device_iterations\)"):
+        opts.deviceIterations(2)
+    with pytest.raises(Error, match=r"can no longer change \(Training.gradient_accumulation\)"):
+        opts.Training.gradientAccumulation(2)
+    torch.testing.assert_close(inference(x), model(x))
+    for copied in (opts.clone(), copy.deepcopy(opts), pickle.loads(pickle.dumps(opts))):
+        copied.deviceIterations(2).Training.gradientAccumulation(2)
+        assert copied.device_iterations == 2 and opts.device_iterations == 1
+    loader_opts = Options()
+    poptorch.DataLoader(loader_opts, torch.utils.data.TensorDataset(torch.randn(4, 3)))
+    with pytest.raises(Error, match="can no longer change"):
+        loader_opts._Popart.set("key", 1)
