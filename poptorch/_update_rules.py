@@ -130,9 +130,13 @@ def update_parameter(algorithm: str, p: torch.Tensor, g: torch.Tensor,
                      state: Dict[str, torch.Tensor], h: Dict[str, Any], optimizer: Any) -> None:
     """One in-place update of parameter ``p`` from its (unscaled) gradient.
     ``g`` is scratch: the update may overwrite it."""
+    velocity_scaling = getattr(optimizer, "velocity_scaling", 1.0)
+    if algorithm == "sgd" and _sgd_momentum_fuses(p, g, state, h):
+        _sgd_momentum_fused(p, g, state, h, velocity_scaling)
+        return
     state["step"].add_(1)
     if algorithm == "sgd":
-        _sgd(p, g, state, h, getattr(optimizer, "velocity_scaling", 1.0))
+        _sgd(p, g, state, h, velocity_scaling)
     elif algorithm in ("adam", "adamw"):
         # torch.optim.Adam(decoupled_weight_decay=True) is AdamW.
         _adam(p, g, state, h, decoupled=algorithm == "adamw" or h.get("decoupled_weight_decay"),
@@ -185,6 +189,40 @@ def _sgd(p, g, state, h, velocity_scaling) -> None:
         _axpy_(p, g, -lr)
     else:
         _axpy_(p, buf, -lr / velocity_scaling)
+
+
+def _is_float32_scalar_on(value: Any, device: torch.device) -> bool:
+    return (not isinstance(value, torch.Tensor) or
+            (value.dtype == torch.float32 and value.numel() == 1 and value.device == device))
+
+
+def _sgd_momentum_fuses(p, g, state, h) -> bool:
+    """Whether ``poptorch::sgd_momentum_`` computes ``_sgd``'s update of ``p``:
+    momentum without dampening, float32 tensors of one shape on one device."""
+    buf, step = state["momentum_buffer"], state["step"]
+    if _is_zero(h["momentum"]) or not _is_zero(h["dampening"]) or not isinstance(
+            h["nesterov"], bool):
+        return False
+    if any(t.dtype != torch.float32 or t.device != p.device or t.shape != p.shape or
+           not t.is_contiguous() for t in (p, g, buf)):
+        return False
+    return isinstance(step, torch.Tensor) and all(
+        _is_float32_scalar_on(value, p.device)
+        for value in (step, h["lr"], h["momentum"], h["weight_decay"]))
+
+
+def _sgd_momentum_fused(p, g, state, h, velocity_scaling) -> None:
+    """``_sgd`` with momentum and without dampening, step counter included, in
+    one pass over the parameter (``csrc/kernels/sgd.cpp``)."""
+    def tensor(value: Any) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            return value
+        return torch.full((), float(value), dtype=torch.float32, device=p.device)
+
+    decay = None if _is_zero(h["weight_decay"]) else tensor(h["weight_decay"])
+    torch.ops.poptorch.sgd_momentum_(p, state["momentum_buffer"], state["step"], g,
+                                     tensor(h["lr"]), tensor(h["momentum"]), decay,
+                                     float(velocity_scaling), h["nesterov"])
 
 
 def _adam(p, g, state, h, decoupled: bool, bias_correction: bool) -> None:

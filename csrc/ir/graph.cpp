@@ -5,7 +5,10 @@
 #include <absl/strings/str_join.h>
 #include <c10/util/strides.h>
 
+#include <algorithm>
+#include <iterator>
 #include <sstream>
+#include <string_view>
 
 namespace poptorch::ir {
 
@@ -44,6 +47,12 @@ bool Node::hasHostEffects() const {
   // Guards check a value and have no effect when they hold.
   if (guard != Guard::kNone) return false;
   const std::string& qualified = op.operator_name().name;
+  // poptorch's fused kernels (csrc/kernels) compute on their arguments only.
+  static constexpr std::string_view kFusedKernels[] = {"poptorch::sgd_momentum_"};
+  if (std::find(std::begin(kFusedKernels), std::end(kFusedKernels), qualified) !=
+      std::end(kFusedKernels)) {
+    return false;
+  }
   return !absl::StartsWith(qualified, "aten::") && !absl::StartsWith(qualified, "prims::");
 }
 

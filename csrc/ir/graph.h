@@ -125,7 +125,8 @@ struct Node {
   bool isNondeterministic() const;
   // True for an op that acts on the host beyond its results: any op outside
   // ATen's namespaces (poptorch's printing and host callbacks, users' custom
-  // ops, whose kernels may run Python). Such a node is never eliminated nor
+  // ops, whose kernels may run Python), except poptorch's fused kernels
+  // (csrc/kernels), which are ordinary kernels. Such a node is never eliminated nor
   // merged, and its program runs on the calling thread, one micro-batch after
   // another, so its effects happen in program order.
   bool hasHostEffects() const;
