@@ -20,14 +20,15 @@ WIDTH = 64
 class TwoStages(torch.nn.Module):
     """Stage 0 (IPU 0) and a heavier stage 1 (IPU 1), then a loss."""
 
-    def __init__(self, depth=(1, 6)):
+    def __init__(self, depth=(1, 6), annotate_first=True):
         super().__init__()
         torch.manual_seed(0)
         self.stages = torch.nn.ModuleList(
             torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(n)])
             for n in depth)
         for ipu, stage in enumerate(self.stages):
-            poptorch.BeginBlock(stage, ipu_id=ipu)
+            if ipu > 0 or annotate_first:
+                poptorch.BeginBlock(stage, ipu_id=ipu)
 
     def forward(self, x, target=None):
         for stage in self.stages:
@@ -87,6 +88,24 @@ def test_pipelined_training_overlaps_stages(tmp_path):
             if s:
                 assert spans[(s - 1, k)][1] <= spans[(s, k)][0]
 
+
+
+def test_layers_before_the_first_block_are_pipeline_stage_0(tmp_path):
+    # As in PopTorch, the layers before the first BeginBlock are stage 0 on
+    # IPU 0: the model annotated only from its second stage on pipelines as
+    # the fully annotated one does, with the same numbers.
+    losses, spans = [], []
+    for name, annotate_first in (("all", True), ("later", False)):
+        opts = poptorch.Options()
+        opts.Training.gradientAccumulation(4)
+        model = TwoStages(annotate_first=annotate_first)
+        training = poptorch.trainingModel(model, _profiled(tmp_path, name, opts),
+                                          torch.optim.SGD(model.parameters(), lr=0.01))
+        losses.append(training(*_data(4 * 8))[1])
+        training.destroy()
+        spans.append(_by_stage(_stage_spans(tmp_path, name)))
+    assert set(spans[1]) == set(spans[0]) == {(s, k) for s in range(3) for k in range(4)}
+    torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=0)
 
 def test_pipelined_inference_overlaps_stages(tmp_path):
     model = TwoStages()

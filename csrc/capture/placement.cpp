@@ -59,6 +59,8 @@ ir::Placement placeCapturedOp(const ir::Node& node, const std::function<int()>& 
   if (std::optional<ir::Placement> backward = backwardPlacement()) return *backward;
   if (!state.in_forward) {
     ir::Placement outside;
+    // Outside every block (not kBeforeBlocks, the layers before the first block).
+    outside.block = ir::Placement::kOutsideBlocks;
     outside.ipu = inputs_ipu();
     return outside;
   }

@@ -8,11 +8,18 @@
 namespace poptorch::compiler {
 namespace {
 
+// Whether `placement` is in one of the model's stages: a block's, or the
+// layers before the first block (stage 0 on IPU 0, as in PopTorch), not the
+// ops after the forward that no block holds (the update, accumulators).
+bool inModelStage(const ir::Placement& placement) {
+  return placement.block != ir::Placement::kOutsideBlocks;
+}
+
 // The stages of the model's blocks, in order.
 std::vector<int32_t> modelStages(const ir::Graph& program) {
   std::vector<int32_t> stages;
   for (const ir::Node& node : program.nodes) {
-    if (node.placement.block >= 0) stages.push_back(node.placement.stage);
+    if (inModelStage(node.placement)) stages.push_back(node.placement.stage);
   }
   std::sort(stages.begin(), stages.end());
   stages.erase(std::unique(stages.begin(), stages.end()), stages.end());
@@ -44,7 +51,7 @@ std::optional<std::vector<int32_t>> assignPipelineStages(const ir::Graph& progra
     for (const ir::TensorRef& out : node.outputs) writing(out.buffer);
 
     int32_t stage = after;
-    if (node.placement.block >= 0) {
+    if (inModelStage(node.placement)) {
       const auto rank = static_cast<int32_t>(
           std::lower_bound(stages.begin(), stages.end(), node.placement.stage) - stages.begin());
       const int32_t forward = rank;
@@ -85,7 +92,7 @@ std::vector<PipelineStage> pipelineStages(const ir::Graph& program) {
   for (size_t i = 0; i < program.nodes.size(); ++i) {
     const ir::Placement& placement = program.nodes[i].placement;
     int32_t& ipu = ipu_of_rank[static_cast<size_t>(rankOf((*stages)[i], n))];
-    if (placement.block >= 0 && ipu < 0) ipu = placement.ipu;
+    if (inModelStage(placement) && ipu < 0) ipu = placement.ipu;
   }
   std::vector<PipelineStage> ranges;
   for (size_t i = 0; i < stages->size(); ++i) {

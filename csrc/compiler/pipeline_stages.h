@@ -7,8 +7,9 @@
 // node takes the first pipeline stage of its block's stage that comes at or
 // after every node it depends on (what it reads, and every earlier access to
 // what it writes), so a backward node that needs only forward values runs
-// in the forward. A node in no block (ops before the first block, the
-// loss's seed gradient, gradient accumulation) takes the first pipeline
+// in the forward. The layers before the first block (and their backward)
+// are model stage 0 on IPU 0, as in PopTorch. A node in no block (the loss's
+// seed gradient, gradient accumulation, the update) takes the first pipeline
 // stage its dependencies allow.
 #pragma once
 
