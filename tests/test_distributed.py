@@ -157,7 +157,7 @@ def test_replica_grouped_weights_across_processes(tmp_path):
     replicas, which test_replica_grouping checks against the CPU."""
     from dist_scripts import grouped_training as script
 
-    result = torchrun("grouped_training.py", str(tmp_path / "out.pt"), str(ROOT / "tests"))
+    result = torchrun("grouped_training.py", str(tmp_path / "out.pt"))
     _check(result)
     processes = torch.load(tmp_path / "out.pt", weights_only=False)
     close = dict(rtol=1e-4, atol=1e-5)

@@ -2,6 +2,7 @@
 the 2 x REPLICAS replicas of test_replica_grouping.Grouped, on its replicas'
 micro-batches; rank 0 saves the weights and outputs of every process."""
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -9,7 +10,9 @@ import torch.distributed as dist
 import poptorch
 from poptorch import CommGroupType, VariableRetrievalMode
 
-sys.path.insert(0, sys.argv[2])  # the tests' directory
+# The tests' directory, found from this file: the test imports this module too,
+# where sys.argv is pytest's.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from test_replica_grouping import (ACCUMULATION, ITERATIONS, REPLICAS, Grouped,  # noqa: E402
                                    batch)
 
