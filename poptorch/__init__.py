@@ -16,6 +16,7 @@ from . import _cpu_defaults, _device_module, _dynamo_backend, _fake_cpu
 from . import _profiling
 from . import _grad_scaler
 from . import _serialization
+from . import _storages
 from . import autocasting
 from . import distributed
 from . import enums
@@ -44,6 +45,7 @@ from .options import Options, TensorLocationSettings
 torch._register_device_module("ipu", _device_module)
 _profiling.start_from_environment()
 _serialization.install()
+_storages.install()
 _grad_scaler.install()
 _dynamo_backend.install()
 _C.set_fake_cpu_inference(_fake_cpu.python_meta_ops(), _fake_cpu.fake, _fake_cpu.run)

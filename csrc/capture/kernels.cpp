@@ -17,6 +17,7 @@
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/copy_native.h>
 #include <ATen/ops/empty_like_native.h>
+#include <ATen/ops/is_set_to_native.h>
 #include <ATen/ops/native_group_norm.h>
 #include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <ATen/ops/view_native.h>
@@ -405,6 +406,10 @@ TORCH_LIBRARY_IMPL(aten, IPU, m) {
   m.impl("set_.source_Storage", TORCH_FN(setStorageWhole));
   m.impl("set_.source_Tensor", TORCH_FN(setTensor));
   m.impl("set_", TORCH_FN(setEmpty));
+  // Compares storages, offsets, sizes and strides: metadata only. On the host
+  // (where an op without a kernel runs) the operands are copies, never set to
+  // each other.
+  m.impl("is_set_to", TORCH_FN(at::native::is_set_to));
   m.impl("_copy_from", TORCH_FN(copyFrom));
   m.impl("_copy_from_and_resize", TORCH_FN(copyFromAndResize));
   m.impl("_local_scalar_dense", TORCH_FN(localScalarDense));
