@@ -362,6 +362,17 @@ void correctForCpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arg
       const std::vector<int64_t> strides = c10::get_channels_last_strides_2d(output.sizes);
       output.strides.assign(strides.begin(), strides.end());
     }
+  } else if ((name == "aten::arange" || name == "aten::linspace" || name == "aten::logspace") &&
+             !arguments.empty() && op.schema().arguments().back().is_out()) {
+    // The CPU kernels write an out= tensor that holds the result's number of
+    // elements as it is, whatever its shape (a narrowed view keeps its
+    // strides); their Python Meta kernels resize it to 1-D.
+    const at::Tensor& out = arguments.back().toTensor();
+    Layout& returned = result.returns[0].tensors[0];
+    if (out.numel() == c10::multiply_integers(returned.sizes)) {
+      returned = layoutOf(out, returned.storage);
+      result.written.back()[0] = layoutOf(out, -1);
+    }
   } else if (name == "aten::sort" && op.operator_name().overload_name == "stable") {
     // Sort's C++ meta function gives both results self's strides when self is
     // dense (msort, argsort), but the structured path ends in the Python Meta
