@@ -10,6 +10,7 @@
 
 #include "capture/capture.h"
 #include "capture/meta_inference.h"
+#include "capture/op_traits.h"
 #include "capture/pending_graph.h"
 #include "capture/placement.h"
 #include "capture/step_capture.h"
@@ -24,19 +25,6 @@
 namespace poptorch::capture {
 namespace {
 
-bool isOptionalTensorList(const c10::Argument& argument) {
-  return argument.type()->isSubtypeOf(*c10::ListType::ofOptionalTensors()) &&
-         !argument.type()->isSubtypeOf(*c10::ListType::ofTensors());
-}
-
-// Floats and Scalars are data, not structure: they may change from one run of
-// the same executable to the next.
-bool isRuntimeNumber(const c10::Argument& argument) {
-  c10::TypePtr type = argument.type();
-  if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
-  return type->kind() == c10::TypeKind::NumberType || type->kind() == c10::TypeKind::FloatType;
-}
-
 std::string opName(const c10::OperatorHandle& op) {
   const c10::OperatorName& n = op.operator_name();
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
@@ -44,14 +32,13 @@ std::string opName(const c10::OperatorHandle& op) {
 
 // The ipu device the op runs on. Host tensors may only be 0-dim scalars, as
 // for CUDA; host index tensors in Tensor?[] lists are uploaded by the caller.
-std::optional<c10::Device> commonDevice(const c10::OperatorHandle& op,
+std::optional<c10::Device> commonDevice(const c10::OperatorHandle& op, const OpTraits& traits,
                                         c10::ArrayRef<c10::IValue> arguments,
                                         bool allow_several_ipus) {
   std::optional<c10::Device> ipu;
   std::optional<c10::Device> other;
-  const auto& schema = op.schema();
   for (size_t i = 0; i < arguments.size(); ++i) {
-    const bool in_index_list = isOptionalTensorList(schema.arguments()[i]);
+    const bool in_index_list = traits.args[i].optional_tensor_list;
     forEachTensor(arguments[i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
       if (t.is_ipu()) {
@@ -90,12 +77,12 @@ c10::Device factoryDevice(c10::ArrayRef<c10::IValue> arguments) {
 }
 
 // Host tensors in Tensor?[] index lists become ipu tensors, as CUDA moves them.
-void uploadIndexLists(const c10::OperatorHandle& op, torch::jit::Stack* stack, int device) {
-  const auto& schema = op.schema();
-  const size_t first = stack->size() - schema.arguments().size();
-  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+void uploadIndexLists(const OpTraits& traits, torch::jit::Stack* stack, int device) {
+  if (!traits.any_optional_tensor_list) return;
+  const size_t first = stack->size() - traits.args.size();
+  for (size_t i = 0; i < traits.args.size(); ++i) {
     c10::IValue& value = (*stack)[first + i];
-    if (!isOptionalTensorList(schema.arguments()[i]) || !value.isList()) continue;
+    if (!traits.args[i].optional_tensor_list || !value.isList()) continue;
     c10::List<std::optional<at::Tensor>> uploaded;
     for (const c10::IValue& element : value.toListRef()) {
       // A skipped dimension is None from Python and an undefined tensor from
@@ -115,13 +102,10 @@ void uploadIndexLists(const c10::OperatorHandle& op, torch::jit::Stack* stack, i
 // Quantized tensors carry a quantizer that ipu tensors do not have (and the
 // Meta kernels of quantize ops return float tensors): refuse them clearly
 // rather than compute with the wrong dtype.
-void checkNotQuantized(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
-  const auto& schema = op.schema();
+void checkNotQuantized(const c10::OperatorHandle& op, const OpTraits& traits,
+                       c10::ArrayRef<c10::IValue> arguments) {
   for (size_t i = 0; i < arguments.size(); ++i) {
-    // real_type(): type() shows a ScalarType as the int it is passed as.
-    c10::TypePtr type = schema.arguments()[i].real_type();
-    if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
-    bool quantized = type->kind() == c10::TypeKind::ScalarTypeType && arguments[i].isInt() &&
+    bool quantized = traits.args[i].scalar_type && arguments[i].isInt() &&
                      c10::isQIntType(static_cast<c10::ScalarType>(arguments[i].toInt()));
     forEachTensor(arguments[i], [&](const at::Tensor& t) {
       quantized = quantized || (t.defined() && t.is_quantized());
@@ -136,9 +120,8 @@ void checkNotQuantized(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
 // in forward without a device, or held by the model outside its buffers) are
 // constants of the step, as in PopTorch: they are uploaded to the op's ipu.
 // 0-dim ones stay host scalars, and tensors the op writes stay where they are.
-void uploadHostConstants(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  const size_t num_args = schema.arguments().size();
+void uploadHostConstants(const OpTraits& traits, torch::jit::Stack* stack) {
+  const size_t num_args = traits.args.size();
   const c10::ArrayRef<c10::IValue> arguments = torch::jit::last(*stack, num_args);
   int device = device::currentIndex();
   for (const c10::IValue& value : arguments) {
@@ -147,8 +130,7 @@ void uploadHostConstants(const c10::OperatorHandle& op, torch::jit::Stack* stack
     });
   }
   for (size_t i = 0; i < num_args; ++i) {
-    const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
-    if (alias && alias->isWrite()) continue;
+    if (traits.args[i].writes) continue;
     c10::IValue& value = (*stack)[stack->size() - num_args + i];
     value = mapTensors(value, [&](const at::Tensor& t) {
       return t.defined() && t.is_cpu() && t.dim() > 0 ? device::uploadToIpu(t, device) : t;
@@ -213,7 +195,7 @@ void mirrorLayout(const at::Tensor& ipu, const Layout& layout, PendingGraph& pen
   ipu.unsafeGetTensorImpl()->set_sizes_and_strides(layout.sizes, layout.strides, layout.offset);
 }
 
-ir::Arg makeArg(const c10::Argument& argument, const c10::IValue& value, ir::Node& node,
+ir::Arg makeArg(const ArgTraits& argument, const c10::IValue& value, ir::Node& node,
                 PendingGraph& pending) {
   auto add_input = [&](const at::Tensor& t) {
     node.inputs.push_back(pending.refOf(t));
@@ -227,7 +209,7 @@ ir::Arg makeArg(const c10::Argument& argument, const c10::IValue& value, ir::Nod
     // runs; a Python number PyTorch wrapped for this call cannot change.
     return ir::Arg::runtime(t.unsafeGetTensorImpl()->is_wrapped_number() ? t : t.clone());
   }
-  if (value.isTensorList() || (value.isList() && isOptionalTensorList(argument))) {
+  if (value.isTensorList() || (value.isList() && argument.optional_tensor_list)) {
     ir::Arg arg;
     arg.kind = ir::ArgKind::kTensorList;
     arg.optional_elements = !value.isTensorList();
@@ -236,7 +218,9 @@ ir::Arg makeArg(const c10::Argument& argument, const c10::IValue& value, ir::Nod
     }
     return arg;
   }
-  if (!value.isNone() && isRuntimeNumber(argument)) return ir::Arg::runtime(value);
+  // Floats and Scalars are data, not structure: they may change from one run
+  // of the same executable to the next.
+  if (!value.isNone() && argument.runtime_number) return ir::Arg::runtime(value);
   return ir::Arg::constant(value);
 }
 
@@ -282,35 +266,33 @@ const c10::IValue& mutatedArgument(const c10::FunctionSchema& schema, const c10:
 }
 
 // Random ops take their seed now, from the generator they would have used.
-void drawSeed(ir::Node& node, c10::ArrayRef<c10::IValue> arguments) {
+void drawSeed(ir::Node& node, const OpTraits& traits, c10::ArrayRef<c10::IValue> arguments) {
   if (!node.isNondeterministic()) return;
   at::Generator generator = at::detail::getDefaultCPUGenerator();
-  const auto& schema = node.op.schema();
-  for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    c10::TypePtr type = schema.arguments()[i].type();
-    if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
-    if (type->kind() != c10::TypeKind::GeneratorType) continue;
-    node.generator_arg = static_cast<int32_t>(i);
-    if (arguments[i].isGenerator()) {
-      generator = arguments[i].toGenerator();
-      TORCH_CHECK(generator.device().is_cpu(),
-                  "a random op on the ipu takes a cpu generator "
-                  "(ipu random numbers are drawn on the host), got one for ",
-                  generator.device());
-    }
+  node.generator_arg = traits.generator_arg;
+  if (traits.generator_arg >= 0 && arguments[traits.generator_arg].isGenerator()) {
+    generator = arguments[traits.generator_arg].toGenerator();
+    TORCH_CHECK(generator.device().is_cpu(),
+                "a random op on the ipu takes a cpu generator "
+                "(ipu random numbers are drawn on the host), got one for ",
+                generator.device());
   }
   std::lock_guard<std::mutex> lock(generator.mutex());
   node.seed = at::check_generator<at::CPUGeneratorImpl>(generator)->random64();
 }
 
-// Arguments an op writes although its schema does not say so (PyTorch keeps
-// these schemas for compatibility): batch norm updates its running statistics
-// in place when it trains.
-std::vector<size_t> unannotatedWrites(const c10::OperatorHandle& op,
+// Arguments an op writes although its schema does not say so: batch norm
+// updates its running statistics in place when it trains.
+std::vector<size_t> unannotatedWrites(const OpTraits& traits,
                                       c10::ArrayRef<c10::IValue> arguments) {
-  const std::string& name = op.operator_name().name;
-  if (name == "aten::native_batch_norm" && arguments[5].toBool()) return {3, 4};
-  if (name == "aten::batch_norm_update_stats") return {1, 2};
+  switch (traits.unannotated_writes) {
+    case UnannotatedWrites::kBatchNorm:
+      return arguments[5].toBool() ? std::vector<size_t>{3, 4} : std::vector<size_t>{};
+    case UnannotatedWrites::kBatchNormUpdateStats:
+      return {1, 2};
+    case UnannotatedWrites::kNone:
+      break;
+  }
   return {};
 }
 
@@ -329,12 +311,12 @@ void moveFreshResultsToIpu(const c10::OperatorHandle& op, c10::Device ipu,
   }
 }
 
-}  // namespace
-
-void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
-                const MetaResult& meta, ir::Guard guard) {
+// recordNode, prepareArguments and captureOp with the op's traits, looked up
+// once per call.
+void record(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack,
+            c10::Device device, const MetaResult& meta, ir::Guard guard) {
   const c10::FunctionSchema& schema = op.schema();
-  const size_t num_args = schema.arguments().size();
+  const size_t num_args = traits.args.size();
   const c10::ArrayRef<c10::IValue> arguments = torch::jit::last(*stack, num_args);
   auto lock = PendingGraph::get().lock();
   PendingGraph& pending = PendingGraph::get();
@@ -343,17 +325,15 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
   node.deterministic = at::globalContext().deterministicAlgorithms();
   node.deterministic_warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();
   node.scope = profiling::currentScope();
-  if (op.hasTag(at::Tag::pointwise)) {
+  if (traits.pointwise) {
     for (size_t i = 0; i < num_args; ++i) {
-      if (schema.arguments()[i].is_out() && arguments[i].isTensor() &&
-          arguments[i].toTensor().defined()) {
+      if (traits.args[i].is_out && arguments[i].isTensor() && arguments[i].toTensor().defined()) {
         checkResizedOut(arguments[i].toTensor(), meta.written[i][0], arguments, schema);
       }
     }
   }
   for (size_t i = 0; i < num_args; ++i) {
-    const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
-    if (!alias || !alias->isWrite()) continue;
+    if (!traits.args[i].writes) continue;
     size_t next = 0;
     forEachTensor(arguments[i], [&](const at::Tensor& ipu) {
       const Layout& layout = meta.written[i][next++];
@@ -362,16 +342,17 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
       node.writes.push_back(pending.refOf(ipu).buffer);
     });
   }
-  for (size_t i : unannotatedWrites(op, arguments)) {
+  for (size_t i : unannotatedWrites(traits, arguments)) {
     const c10::IValue& value = arguments[i];
     if (value.isTensor() && value.toTensor().defined() && value.toTensor().is_ipu()) {
       node.writes.push_back(pending.refOf(value.toTensor()).buffer);
     }
   }
+  node.args.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
-    node.args.push_back(makeArg(schema.arguments()[i], arguments[i], node, pending));
+    node.args.push_back(makeArg(traits.args[i], arguments[i], node, pending));
   }
-  drawSeed(node, arguments);
+  drawSeed(node, traits, arguments);
   node.placement = placeCapturedOp(node, [&] {
     // Outside the blocks (the optimiser update), an op runs where its largest input lives.
     int64_t largest = -1;
@@ -388,6 +369,7 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
 
   std::vector<c10::IValue> results;
   results.reserve(meta.returns.size());
+  node.fresh_returns.reserve(meta.returns.size());
   bool only_views = !meta.returns.empty() && node.writes.empty();
   for (size_t r = 0; r < meta.returns.size(); ++r) {
     const c10::AliasInfo* alias = schema.returns()[r].alias_info();
@@ -414,25 +396,42 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
   for (c10::IValue& result : results) stack->push_back(std::move(result));
 }
 
-c10::Device prepareArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                             bool allow_several_ipus) {
-  const size_t num_args = op.schema().arguments().size();
+c10::Device prepare(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack,
+                    bool allow_several_ipus) {
+  const size_t num_args = traits.args.size();
   checkNoneIsPoisoned(torch::jit::last(*stack, num_args));
-  if (capturingStep()) uploadHostConstants(op, stack);
+  if (capturingStep()) uploadHostConstants(traits, stack);
   std::optional<c10::Device> device =
-      commonDevice(op, torch::jit::last(*stack, num_args), allow_several_ipus);
+      commonDevice(op, traits, torch::jit::last(*stack, num_args), allow_several_ipus);
   if (!device) device = factoryDevice(torch::jit::last(*stack, num_args));
-  uploadIndexLists(op, stack, device->index());
+  uploadIndexLists(traits, stack, device->index());
   return *device;
 }
 
-bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool allow_several_ipus) {
-  const c10::Device device = prepareArguments(op, stack, allow_several_ipus);
-  const std::optional<MetaResult> meta =
-      inferMeta(op, torch::jit::last(*stack, op.schema().arguments().size()));
+bool capture(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack,
+             bool allow_several_ipus) {
+  const c10::Device device = prepare(op, traits, stack, allow_several_ipus);
+  const std::shared_ptr<const MetaResult> meta =
+      inferMeta(op, torch::jit::last(*stack, traits.args.size()));
   if (!meta) return false;
-  recordNode(op, stack, device, *meta, ir::Guard::kNone);
+  record(op, traits, stack, device, *meta, ir::Guard::kNone);
   return true;
+}
+
+}  // namespace
+
+void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
+                const MetaResult& meta, ir::Guard guard) {
+  record(op, traitsOf(op), stack, device, meta, guard);
+}
+
+c10::Device prepareArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                             bool allow_several_ipus) {
+  return prepare(op, traitsOf(op), stack, allow_several_ipus);
+}
+
+bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool allow_several_ipus) {
+  return capture(op, traitsOf(op), stack, allow_several_ipus);
 }
 
 void hostFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* reason) {
@@ -459,13 +458,14 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   TORCH_CHECK_NOT_IMPLEMENTED(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU), opName(op),
                               " has no host kernel, so the emulated IPU cannot run "
                               "it; it is not supported on ipu tensors.");
-  checkNotQuantized(op, torch::jit::last(*stack, op.schema().arguments().size()));
+  const OpTraits& traits = traitsOf(op);
+  checkNotQuantized(op, traits, torch::jit::last(*stack, traits.args.size()));
   const char* reason = nullptr;
   if (op.hasTag(at::Tag::dynamic_output_shape)) {
     reason = "its output shape depends on the data";
   } else if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
     reason = "it has no Meta kernel to infer its output shape";
-  } else if (!captureOp(op, stack)) {
+  } else if (!capture(op, traits, stack, /*allow_several_ipus=*/false)) {
     reason = "its Meta kernel could not infer its outputs";
   } else {
     return;

@@ -25,16 +25,30 @@
 namespace poptorch::capture {
 namespace {
 
-// Numbers the distinct ipu storages of the arguments by first appearance.
+// Numbers the distinct ipu storages of the arguments by first appearance. An
+// op has a few: they are searched in order, and hashed only past kLinear (a
+// long Tensor[] list), so that numbering allocates nothing on the hot path.
 class StorageNumbering {
  public:
   int32_t indexOf(const c10::StorageImpl* storage) {
-    auto [it, inserted] = index_.try_emplace(storage, static_cast<int32_t>(index_.size()));
-    return it->second;
+    if (!index_.empty()) {
+      auto [it, inserted] = index_.try_emplace(storage, static_cast<int32_t>(index_.size()));
+      return it->second;
+    }
+    for (size_t i = 0; i < seen_.size(); ++i) {
+      if (seen_[i] == storage) return static_cast<int32_t>(i);
+    }
+    seen_.push_back(storage);
+    if (seen_.size() > kLinear) {
+      for (size_t i = 0; i < seen_.size(); ++i) index_.emplace(seen_[i], static_cast<int32_t>(i));
+    }
+    return static_cast<int32_t>(seen_.size() - 1);
   }
 
  private:
-  absl::flat_hash_map<const c10::StorageImpl*, int32_t> index_;
+  static constexpr size_t kLinear = 8;
+  c10::SmallVector<const c10::StorageImpl*, kLinear> seen_;
+  absl::flat_hash_map<const c10::StorageImpl*, int32_t> index_;  // past kLinear
 };
 
 bool isHostScalar(const at::Tensor& t) { return t.defined() && t.is_cpu() && t.dim() == 0; }
@@ -100,12 +114,16 @@ class MetaTwins {
 // for each argument its value or, for a tensor, its metadata and aliasing.
 // With `Floats::kByClass`, a float counts only by how it compares with 0, 1
 // and the call's other floats (see checkAsCpuKernelOnce).
+// The key is written into a vector the caller owns, so that a thread can
+// reuse one (and its capacity) for every lookup.
 class Signature {
  public:
   enum class Floats { kByValue, kByClass };
 
-  explicit Signature(const c10::OperatorHandle& op, Floats floats = Floats::kByValue)
-      : floats_(floats) {
+  Signature(const c10::OperatorHandle& op, std::vector<int64_t>& key,
+            Floats floats = Floats::kByValue)
+      : key_(key), floats_(floats) {
+    key_.clear();
     key_.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(&op.schema())));
   }
 
@@ -183,13 +201,13 @@ class Signature {
     return true;
   }
 
-  std::vector<int64_t> key_;
+  std::vector<int64_t>& key_;
   StorageNumbering numbering_;
   Floats floats_;
   c10::SmallVector<double, 4> doubles_;  // with kByClass: the floats so far
 };
 
-using MetaCache = absl::flat_hash_map<std::vector<int64_t>, MetaResult>;
+using MetaCache = absl::flat_hash_map<std::vector<int64_t>, std::shared_ptr<const MetaResult>>;
 constexpr size_t kMaxCachedSignatures = 1 << 16;
 
 // One cache per capturing thread: no lock on the hot path.
@@ -442,7 +460,8 @@ class FakeCpuInference {
 // changes from call to call (a learning rate, Adam's bias corrections), so it
 // counts by its class, and a new learning rate is not checked again.
 void checkAsCpuKernelOnce(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
-  Signature signature(op, Signature::Floats::kByClass);
+  std::vector<int64_t> key;
+  Signature signature(op, key, Signature::Floats::kByClass);
   for (const c10::IValue& value : arguments) signature.add(value);
   thread_local absl::flat_hash_set<std::vector<int64_t>> checked;
   if (checked.contains(signature.key())) return;
@@ -559,26 +578,31 @@ void setFakeCpuInference(const std::vector<std::string>& op_names, FakeCpuRunner
   FakeCpuInference::get().set(op_names, std::move(runner));
 }
 
-std::optional<MetaResult> inferMeta(const c10::OperatorHandle& op,
-                                    c10::ArrayRef<c10::IValue> arguments) {
-  Signature signature(op);
+std::shared_ptr<const MetaResult> inferMeta(const c10::OperatorHandle& op,
+                                            c10::ArrayRef<c10::IValue> arguments) {
+  thread_local std::vector<int64_t> lookup_key;
+  Signature signature(op, lookup_key);
   bool cacheable = true;
   for (const c10::IValue& value : arguments) cacheable = cacheable && signature.add(value);
   MetaCache& cache = metaCache();
   if (cacheable) {
-    auto it = cache.find(signature.key());
+    auto it = cache.find(lookup_key);
     if (it != cache.end()) return it->second;
   }
+  // A miss: the Meta kernel (Python, perhaps) runs before the key is stored.
+  std::vector<int64_t> key = lookup_key;
   const bool keyed = cacheable;
   std::optional<MetaResult> result = runMetaKernel(op, arguments, &cacheable);
+  if (!result) return nullptr;
   // Without a Meta answer the op runs on the host, which makes the CPU
   // kernel's checks itself.
-  if (result && keyed) checkAsCpuKernelOnce(op, arguments);
-  if (result && cacheable) {
+  if (keyed) checkAsCpuKernelOnce(op, arguments);
+  auto shared = std::make_shared<const MetaResult>(std::move(*result));
+  if (cacheable) {
     if (cache.size() >= kMaxCachedSignatures) cache.clear();
-    cache.emplace(signature.key(), *result);
+    cache.emplace(std::move(key), shared);
   }
-  return result;
+  return shared;
 }
 
 void setMetaErrorFilter(MustPropagate filter) { must_propagate = filter; }

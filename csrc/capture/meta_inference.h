@@ -9,6 +9,7 @@
 
 #include <exception>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,11 +52,12 @@ using FakeCpuRunner = std::function<void(const c10::OperatorHandle& op,
 // inferred with `runner` instead. Installed by the Python module.
 void setFakeCpuInference(const std::vector<std::string>& op_names, FakeCpuRunner runner);
 
-// The results `op` would give for `arguments`, or nullopt when its Meta
-// kernel cannot tell (it raised, e.g. for a data-dependent shape). Errors that
-// are no answer about shapes (a KeyboardInterrupt) propagate.
-std::optional<MetaResult> inferMeta(const c10::OperatorHandle& op,
-                                    c10::ArrayRef<c10::IValue> arguments);
+// The results `op` would give for `arguments` (shared with the cache), or null
+// when its Meta kernel cannot tell (it raised, e.g. for a data-dependent
+// shape). Errors that are no answer about shapes (a KeyboardInterrupt)
+// propagate.
+std::shared_ptr<const MetaResult> inferMeta(const c10::OperatorHandle& op,
+                                            c10::ArrayRef<c10::IValue> arguments);
 
 // Whether an error a Meta kernel raised must reach the caller instead of
 // sending the op to the host. The Python bindings install one that says so for
