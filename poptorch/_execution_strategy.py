@@ -144,6 +144,13 @@ class _ExecutionStrategy:
         whole step in program order, 1 one IPU at a time, 2 pipelined."""
         return 0
 
+    @property
+    def streaming(self) -> Optional[Liveness]:
+        """For phased execution (weights in streaming memory, brought onto
+        an IPU for the phases that use them), where activations live between
+        phases; None when weights stay on their IPUs."""
+        return None
+
 
 class PipelinedExecution(_ExecutionStrategy):
     """Runs the stages as a pipeline: stage k of micro-batch i runs while
@@ -265,6 +272,10 @@ class _PhasedExecution(_ExecutionStrategy):
 
     @property
     def liveness(self) -> Liveness:
+        return self._liveness
+
+    @property
+    def streaming(self) -> Optional[Liveness]:
         return self._liveness
 
     def place(self, block_id: str, ipu_id: Optional[int], order: int) -> Placement:

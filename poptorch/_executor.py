@@ -31,7 +31,7 @@ from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import Error
-from ._execution_strategy import PipelinedExecution, check_split
+from ._execution_strategy import PipelinedExecution, _ExecutionStrategy, check_split
 from ._executor_profiling import ExecutorProfiling
 from ._input_groups import expand_input_groups, group_rows
 from ._logging import logger
@@ -100,6 +100,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         self._micro_step: Optional[Any] = None
         self._replica_buffers: Optional[Any] = None  # broadcastBuffers(False)
         self._update: Optional[Any] = None
+        # The modelled peak of the step and update programs on each IPU
+        self._peaks: Dict[str, List[int]] = {}
         # Replica-grouped weights, as PopTorch names them: parameter name ->
         # (CommGroupType, replicas per group, VariableRetrievalMode). Read
         # when the model is compiled (see _replica_grouping.py).
@@ -420,11 +422,18 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         on their blocks' IPUs."""
         with self._lookup_scope(), _ipu_memory.deferred_capacity_check():
             first = self._capture_programs(progress)
+        strategy = self._strategy()
+        self._peaks = {name: _ipu_memory.peaks(program, strategy)
+                       for name, program in (("step", first), ("update", self._update))
+                       if program is not None}
         try:
-            _ipu_memory.check_fits([first, self._update])
+            _ipu_memory.check_fits(self._peaks.values(), strategy)
         except Error:
             self._release_device()
             raise
+
+    def _strategy(self) -> _ExecutionStrategy:
+        return self._options.execution_strategy or PipelinedExecution()
 
     def _capture_programs(self, progress: Optional[_Progress]) -> Any:
         """Returns the first variant of the micro-step's program."""
@@ -469,7 +478,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         args, kwargs = _inputs.unflatten(device_leaves, self._spec, self._input_objects)
         anchors = (Anchors(self._options, self._model, self._state, self._training,
                            not accumulate) if self._options.anchored_tensors else None)
-        strategy = self._options.execution_strategy or PipelinedExecution()
+        strategy = self._strategy()
         step = StepCapture(self._model, self._state, self._training, self._device_optimizer,
                            accumulate, device_inputs, args, kwargs, self._options.Precision,
                            strategy, anchors, self._capture_seed,
@@ -480,7 +489,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         # each update op runs on the IPU of the weight it updates.
         _ipu_memory.place_weights(
             first, self._state.tensors.values(), step.accumulators,
-            self._device_optimizer.state if self._device_optimizer else {})
+            self._device_optimizer.state if self._device_optimizer else {},
+            streamed=strategy.streaming is not None)
         o = self._options
         check_split(strategy, step.split.stages, step.split.num_ipus, training=self._training,
                     device_iterations=o.device_iterations,

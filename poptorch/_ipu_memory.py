@@ -8,16 +8,22 @@ the block that makes them). Weights are allocated before the model's split is
 known, so the capacity check is deferred until they are placed, and each IPU
 is then checked whole: a model that does not fit fails at compile time with
 every IPU's need against its capacity.
+
+In phased execution the weights, optimiser state and accumulators live in the
+streaming memory attached to their IPU and take its memory only during the
+phases that use them; activations stay or leave between phases as the
+strategy's ``poptorch.Liveness`` says (``compiler/strategy_memory.cpp``).
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterable, Iterator, List, Optional
+from typing import Dict, Iterable, Iterator, List
 
 import torch
 
 from . import _C
 from ._errors import Error
+from ._execution_strategy import _ExecutionStrategy
 
 _MIB = 1 << 20
 
@@ -34,10 +40,11 @@ def deferred_capacity_check() -> Iterator[None]:
 
 def place_weights(program: "_C.Program", weights: Iterable[torch.Tensor],
                   accumulators: Dict[int, torch.Tensor],
-                  optimizer_state: Dict[int, Dict[str, torch.Tensor]]) -> None:
+                  optimizer_state: Dict[int, Dict[str, torch.Tensor]], *,
+                  streamed: bool) -> None:
     """Counts each weight, with its gradient accumulator and optimiser state
     (by ``id`` of the weight), on the IPU of the first node of ``program``
-    that uses it."""
+    that uses it, or in the streaming memory attached to it (``streamed``)."""
     for weight in weights:
         ipu = program.ipu_of_first_use(weight)
         if ipu < 0:
@@ -46,27 +53,51 @@ def place_weights(program: "_C.Program", weights: Iterable[torch.Tensor],
         if id(weight) in accumulators:
             tensors.append(accumulators[id(weight)])
         for tensor in tensors:
-            _C.account_on(tensor, ipu)
+            _C.account_on(tensor, ipu, streamed)
 
 
-def check_fits(programs: Iterable[Optional["_C.Program"]]) -> None:
-    """Raises if an IPU's memory cannot hold what it holds plus the peak of
-    the temporaries of the largest of ``programs`` on it."""
-    peaks: List[int] = [0] * _C.device_count()
-    for program in programs:
-        if program is not None:
-            for ipu, peak in enumerate(program.temporary_peaks()):
-                peaks[ipu] = max(peaks[ipu], peak)
-    needs = [(ipu, _C.memory_allocated(ipu), peaks[ipu], _C.memory_capacity(ipu))
-             for ipu in range(len(peaks))]
+def peaks(program: "_C.Program", strategy: _ExecutionStrategy) -> List[int]:
+    """The modelled peak per IPU of a run of ``program`` beyond what each IPU
+    holds: its temporaries (with the activations of every micro-batch in
+    flight in a pipeline), and in phased execution the streamed weights of
+    each phase."""
+    if strategy.streaming is not None:
+        return program.phased_peaks(int(strategy.streaming))
+    if strategy.pipelined:
+        return program.pipelined_peaks()
+    return program.temporary_peaks()
+
+
+def check_fits(program_peaks: Iterable[List[int]], strategy: _ExecutionStrategy) -> None:
+    """Raises if an IPU's memory cannot hold what it holds plus the largest
+    of the programs' peaks on it (:func:`peaks`)."""
+    largest: List[int] = [0] * _C.device_count()
+    for program in program_peaks:
+        for ipu, peak in enumerate(program):
+            largest[ipu] = max(largest[ipu], peak)
+    needs = [(ipu, _C.memory_allocated(ipu), largest[ipu], _C.memory_capacity(ipu))
+             for ipu in range(len(largest))]
     if all(held + peak <= capacity for _, held, peak, capacity in needs):
         return
+    if strategy.streaming is None:
+        held_what = "weights, optimiser state and other tensors"
+        peak_what = "activations at the peak"
+        advice = ("Split the model over more IPUs with poptorch.BeginBlock / poptorch.Block "
+                  "(each block's weights and activations live on its IPU), use phased "
+                  "execution (poptorch.SerialPhasedExecution: weights in streaming memory, "
+                  "brought in per phase), use a smaller micro-batch, or raise "
+                  "POPTORCH_IPU_MEMORY_MB.")
+    else:
+        held_what = "tensors kept on the IPU"
+        peak_what = "weights streamed in and activations at the peak of a phase"
+        advice = ("Split the model into more phases (each brings in only its blocks' "
+                  "weights), send activations off the chip between phases "
+                  "(setTensorsLiveness(poptorch.Liveness.OffChipAfterFwd or "
+                  "OffChipAfterEachPhase)), use a smaller micro-batch, or raise "
+                  "POPTORCH_IPU_MEMORY_MB.")
     lines = "\n".join(
-        f"  ipu:{ipu}: {(held + peak) / _MIB:.1f} MiB needed ({held / _MIB:.1f} MiB of weights, "
-        f"optimiser state and other tensors, {peak / _MIB:.1f} MiB of activations at the peak) "
-        f"of {capacity / _MIB:.1f} MiB{'  <- does not fit' if held + peak > capacity else ''}"
+        f"  ipu:{ipu}: {(held + peak) / _MIB:.1f} MiB needed ({held / _MIB:.1f} MiB of "
+        f"{held_what}, {peak / _MIB:.1f} MiB of {peak_what}) of {capacity / _MIB:.1f} MiB"
+        f"{'  <- does not fit' if held + peak > capacity else ''}"
         for ipu, held, peak, capacity in needs if held + peak > 0)
-    raise Error("IPU out of memory: the model does not fit its IPUs.\n" + lines + "\n"
-                "Split the model over more IPUs with poptorch.BeginBlock / poptorch.Block "
-                "(each block's weights and activations live on its IPU), use a smaller "
-                "micro-batch, or raise POPTORCH_IPU_MEMORY_MB.")
+    raise Error("IPU out of memory: the model does not fit its IPUs.\n" + lines + "\n" + advice)

@@ -16,10 +16,10 @@ LAYER_BYTES = (WIDTH * WIDTH + WIDTH) * 4  # 263168
 
 
 class Chain(torch.nn.Module):
-    def __init__(self, loss=False):
+    def __init__(self, loss=False, width=WIDTH):
         super().__init__()
         torch.manual_seed(0)
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(4))
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(4))
         self.loss = loss
 
     def forward(self, x):
@@ -76,6 +76,7 @@ def test_activations_peak_on_the_ipu_of_their_block():
     # Each layer's output (32 rows x 256 float32 = 32768 bytes) is a temporary
     # on the IPU of the layer that makes it, alive until the next layer has
     # read it; the last layer writes the model's output (not a temporary).
+    # (tests/cpp/strategy_memory_test.cpp checks a trained pipeline's stashes.)
     x = torch.randn(4 * 32, WIDTH)
     opts = poptorch.Options().deviceIterations(4)
     plain = poptorch.inferenceModel(Chain(), opts)
@@ -85,6 +86,10 @@ def test_activations_peak_on_the_ipu_of_their_block():
     out = 32 * WIDTH * 4
     assert plain._step.temporary_peaks == [2 * out]
     assert split._step.temporary_peaks == [out, out, out]
+    # Pipelined, a layer's output is alive for two micro-batches at once: its
+    # stage makes the next micro-batch's while the next stage reads it.
+    assert plain._peaks["step"] == [2 * out]
+    assert split._peaks["step"] == [2 * out, 2 * out, 2 * out]
 
 
 OOM = """

@@ -66,17 +66,6 @@ class OffsetAllocator {
   int64_t end_ = 0;
 };
 
-bool isTemporary(const Executable& exe, ir::BufferId b) {
-  return exe.roles[b] == BufferRole::kProduced || exe.roles[b] == BufferRole::kScratch;
-}
-
-template <typename Visit>
-void forEachBuffer(const ir::Node& node, Visit&& visit) {
-  for (const ir::TensorRef& in : node.inputs) visit(in.buffer);
-  for (ir::BufferId w : node.writes) visit(w);
-  for (const ir::TensorRef& out : node.outputs) visit(out.buffer);
-}
-
 // Walks the program as the runtime will, given exe.release_after: a temporary
 // takes its place at its first use (`place(i, b)`), every node runs once its
 // temporaries are placed (`ran(i)`), and a temporary gives its place back
@@ -100,12 +89,9 @@ void walkTemporaries(const Executable& exe, Place&& place, Ran&& ran, Release&& 
 // split over IPUs, else on its buffer's device.
 class LiveBytes {
  public:
-  explicit LiveBytes(const Executable& exe)
-      : exe_(exe), ipu_of_(exe.program.buffers.size(), 0) {}
+  explicit LiveBytes(const Executable& exe) : exe_(exe), ipu_of_(exe.program.buffers.size(), 0) {}
   void place(const ir::Node& node, ir::BufferId b) {
-    ipu_of_[b] = static_cast<size_t>(node.placement == ir::Placement{}
-                                         ? std::max<int>(0, exe_.program.buffers[b].device.index())
-                                         : node.placement.ipu);
+    ipu_of_[b] = static_cast<size_t>(ipuOfUse(exe_.program, node, b));
     add(b, +1);
   }
   void release(ir::BufferId b) { add(b, -1); }
@@ -123,6 +109,15 @@ class LiveBytes {
 };
 
 }  // namespace
+
+bool isTemporary(const Executable& exe, ir::BufferId b) {
+  return exe.roles[b] == BufferRole::kProduced || exe.roles[b] == BufferRole::kScratch;
+}
+
+int32_t ipuOfUse(const ir::Graph& program, const ir::Node& node, ir::BufferId b) {
+  return node.placement == ir::Placement{} ? std::max<int32_t>(0, program.buffers[b].device.index())
+                                           : node.placement.ipu;
+}
 
 std::vector<std::vector<int64_t>> temporaryBytesByNode(const Executable& exe) {
   std::vector<std::vector<int64_t>> by_node(exe.program.nodes.size());

@@ -6,16 +6,11 @@
 #include <numeric>
 
 namespace poptorch::compiler {
-namespace {
 
-// Whether `placement` is in one of the model's stages: a block's, or the
-// layers before the first block (stage 0 on IPU 0, as in PopTorch), not the
-// ops after the forward that no block holds (the update, accumulators).
 bool inModelStage(const ir::Placement& placement) {
   return placement.block != ir::Placement::kOutsideBlocks;
 }
 
-// The stages of the model's blocks, in order.
 std::vector<int32_t> modelStages(const ir::Graph& program) {
   std::vector<int32_t> stages;
   for (const ir::Node& node : program.nodes) {
@@ -26,13 +21,9 @@ std::vector<int32_t> modelStages(const ir::Graph& program) {
   return stages;
 }
 
-// The rank of the model stage a pipeline stage of a model of `n` stages
-// belongs to.
 int32_t rankOf(int32_t pipeline_stage, int32_t n) {
   return pipeline_stage < n ? pipeline_stage : 2 * n - 2 - pipeline_stage;
 }
-
-}  // namespace
 
 std::optional<std::vector<int32_t>> assignPipelineStages(const ir::Graph& program) {
   const std::vector<int32_t> stages = modelStages(program);

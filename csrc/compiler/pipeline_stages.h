@@ -27,6 +27,18 @@ struct PipelineStage {
   int32_t ipu = 0;  // the IPU of its block's stage
 };
 
+// Whether `placement` is in one of the model's stages: a block's, or the
+// layers before the first block (stage 0 on IPU 0, as in PopTorch), not the
+// ops after the forward that no block holds (the update, accumulators).
+bool inModelStage(const ir::Placement& placement);
+
+// The stages of the program's blocks, in order.
+std::vector<int32_t> modelStages(const ir::Graph& program);
+
+// The rank (in modelStages) of the model stage that pipeline stage
+// `pipeline_stage` of a model of `n` stages belongs to.
+int32_t rankOf(int32_t pipeline_stage, int32_t n);
+
 // Per node, its pipeline stage (an index into the 2N-1 of the model), or
 // nothing when the program has fewer than two stages or a node depends on a
 // later pipeline stage than its own can be (the stages cannot then run as a

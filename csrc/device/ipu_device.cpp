@@ -28,6 +28,9 @@ struct Machine {
   std::atomic<int64_t> capacity{integerFromEnvironment("POPTORCH_IPU_MEMORY_MB", 900, 1) * kMiB};
   std::array<std::atomic<int64_t>, kMaxIpus> allocated{};
   std::array<std::atomic<int64_t>, kMaxIpus> peak{};
+  // Bytes in the streaming memory attached to each IPU (phased execution's
+  // weights): off the chip, so not checked against its capacity.
+  std::array<std::atomic<int64_t>, kMaxIpus> streamed{};
 };
 
 Machine& machine() {
@@ -43,6 +46,7 @@ thread_local bool capacity_check_deferred = false;
 struct Block {
   int index;
   size_t nbytes;
+  bool streamed = false;  // in the streaming memory of ipu `index`, not on it
   void* data = nullptr;
   // `error` changes under poison_mutex; `poisoned` says whether it is set, so
   // that a healthy storage (every storage, nearly always) is checked lock-free.
@@ -75,9 +79,20 @@ void release(int index, size_t nbytes) {
   machine().allocated[index].fetch_sub(static_cast<int64_t>(nbytes));
 }
 
+// Reserves or releases (negative `nbytes`) a block's bytes where it lives.
+void account(const Block& block, int64_t nbytes) {
+  if (block.streamed) {
+    machine().streamed[block.index].fetch_add(nbytes);
+  } else if (nbytes >= 0) {
+    reserve(block.index, static_cast<size_t>(nbytes));
+  } else {
+    release(block.index, static_cast<size_t>(-nbytes));
+  }
+}
+
 void deleteBlock(void* context) {
   auto* block = static_cast<Block*>(context);
-  release(block->index, block->nbytes);
+  account(*block, -static_cast<int64_t>(block->nbytes));
   c10::free_cpu(block->data);
   delete block;
 }
@@ -139,22 +154,35 @@ void configure(int num_ipus, int64_t memory_per_ipu_bytes) {
                     memory_per_ipu_bytes);
   Machine& m = machine();
   for (int i = 0; i < kMaxIpus; ++i) {
-    TORCH_CHECK(m.allocated[i].load() == 0, "cannot reconfigure the IPUs while ipu:", i,
+    TORCH_CHECK(m.allocated[i].load() == 0 && m.streamed[i].load() == 0,
+                "cannot reconfigure the IPUs while ipu:", i,
                 " holds tensors; configure before creating any ipu tensor");
   }
   m.num_ipus = num_ipus;
   m.capacity = memory_per_ipu_bytes;
 }
 
-void accountOn(c10::StorageImpl& storage, int index) {
+void accountOn(c10::StorageImpl& storage, int index, bool streamed) {
   checkIndex(index);
   Block* block = blockOf(storage);
-  if (block == nullptr || block->index == index) return;
-  const bool previous = deferCapacityCheck(true);
-  reserve(index, block->nbytes);  // cannot throw: the check is deferred
-  deferCapacityCheck(previous);
-  release(block->index, block->nbytes);
+  if (block == nullptr || (block->index == index && block->streamed == streamed)) return;
+  const auto nbytes = static_cast<int64_t>(block->nbytes);
+  account(*block, -nbytes);
   block->index = index;
+  block->streamed = streamed;
+  const bool previous = deferCapacityCheck(true);
+  account(*block, nbytes);  // cannot throw: the check is deferred
+  deferCapacityCheck(previous);
+}
+
+int64_t streamingMemoryAllocated(int index) {
+  checkIndex(index);
+  return machine().streamed[index].load();
+}
+
+bool isStreamed(const c10::StorageImpl& storage) {
+  const Block* block = blockOf(storage);
+  return block != nullptr && block->streamed;
 }
 
 int accountedIpu(const c10::StorageImpl& storage) {
@@ -207,7 +235,7 @@ void growStorage(c10::StorageImpl& storage, size_t nbytes) {
   Block* block = blockOf(storage);
   TORCH_INTERNAL_ASSERT(block != nullptr, "storage was not allocated by the ipu allocator");
   if (nbytes <= block->nbytes) return;
-  reserve(block->index, nbytes - block->nbytes);
+  account(*block, static_cast<int64_t>(nbytes - block->nbytes));
   if (block->data != nullptr) {
     void* data = c10::alloc_cpu(nbytes);
     std::memcpy(data, block->data, block->nbytes);

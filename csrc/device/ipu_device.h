@@ -23,9 +23,15 @@ void resetPeakMemoryAllocated(int index);
 void configure(int num_ipus, int64_t memory_per_ipu_bytes);
 
 // Accounts `storage`'s bytes to ipu:`index` instead of the IPU that holds them
-// (the weights of a block live on the block's IPU); the storage's device does
-// not change. The capacity is not checked: the caller checks each IPU's total.
-void accountOn(c10::StorageImpl& storage, int index);
+// (the weights of a block live on the block's IPU), or with `streamed` to the
+// streaming memory attached to it (phased execution's weights, brought onto
+// the IPU only for the phases that use them); the storage's device does not
+// change. The capacity is not checked: the caller checks each IPU's total.
+void accountOn(c10::StorageImpl& storage, int index, bool streamed = false);
+// Bytes in the streaming memory attached to ipu:`index` (not in memoryAllocated).
+int64_t streamingMemoryAllocated(int index);
+// True when accountOn put `storage` in streaming memory.
+bool isStreamed(const c10::StorageImpl& storage);
 // The IPU whose memory holds `storage` (its device's unless accountOn moved it).
 int accountedIpu(const c10::StorageImpl& storage);
 

@@ -341,6 +341,18 @@ PYBIND11_MODULE(_C, m) {
            "(op, block, stage, phase, ipu) of each node of the compiled program.")
       .def("temporary_peaks", &runtime::Program::peakTemporaryBytes,
            "Modelled peak bytes of temporaries, per IPU.")
+      .def("pipelined_peaks", &runtime::Program::pipelinedPeakBytes,
+           "Modelled peak bytes of temporaries per IPU of a pipelined run (with the "
+           "activations of every micro-batch in flight).")
+      .def(
+          "phased_peaks",
+          [](const runtime::Program& program, int liveness) {
+            TORCH_CHECK_VALUE(liveness >= 0 && liveness <= 3, "no poptorch.Liveness has value ",
+                              liveness);
+            return program.phasedPeakBytes(static_cast<compiler::Liveness>(liveness));
+          },
+          py::arg("liveness"),
+          "Modelled peak bytes per IPU of a phased run (streamed weights and activations).")
       .def(
           "ipu_of_first_use",
           [](const runtime::Program& program, const at::Tensor& tensor) {
@@ -349,11 +361,14 @@ PYBIND11_MODULE(_C, m) {
           "The IPU of the first node using the tensor's storage (-1: unused).");
   m.def(
       "account_on",
-      [](const at::Tensor& tensor, int ipu) {
-        device::accountOn(*tensor.storage().unsafeGetStorageImpl(), ipu);
+      [](const at::Tensor& tensor, int ipu, bool streamed) {
+        device::accountOn(*tensor.storage().unsafeGetStorageImpl(), ipu, streamed);
       },
-      py::arg("tensor"), py::arg("ipu"),
-      "Counts the tensor's storage in the memory of ipu `ipu` (its device is unchanged).");
+      py::arg("tensor"), py::arg("ipu"), py::arg("streamed") = false,
+      "Counts the tensor's storage in the memory of ipu `ipu`, or in the streaming memory "
+      "attached to it (its device is unchanged).");
+  m.def("streaming_memory_allocated", &device::streamingMemoryAllocated, py::arg("ipu"),
+        "Bytes in the streaming memory attached to ipu `ipu` (phased execution's weights).");
   m.def("defer_capacity_check", &device::deferCapacityCheck, py::arg("deferred"),
         "Whether this thread's ipu allocations may exceed an IPU's capacity; returns the "
         "previous setting.");

@@ -121,6 +121,14 @@ void Program::countRun(double seconds) const {
   if (exchanged_bytes_ != 0) Metrics::get().bytesBetweenIpus(exchanged_bytes_);
 }
 
+std::vector<int64_t> Program::phasedPeakBytes(compiler::Liveness liveness) const {
+  std::vector<bool> streamed(external_.size(), false);
+  for (size_t b = 0; b < external_.size(); ++b) {
+    streamed[b] = external_[b] != nullptr && device::isStreamed(*external_[b]);
+  }
+  return compiler::phasedPeakBytes(*executable_, streamed, liveness);
+}
+
 int Program::ipuOfFirstUse(const c10::StorageImpl* storage) const {
   auto uses = [&](ir::BufferId b) { return external_[b] == storage; };
   for (const ir::Node& node : executable_->program.nodes) {

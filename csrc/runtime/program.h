@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "compiler/executable.h"
+#include "compiler/strategy_memory.h"
 #include "runtime/executor.h"
 
 namespace poptorch::runtime {
@@ -68,6 +69,14 @@ class Program {
   const std::vector<int64_t>& peakTemporaryBytes() const {
     return executable_->peak_temporary_bytes;
   }
+  // Modelled peak of temporary memory per IPU of a pipelined run
+  // (compiler::pipelinedPeakBytes).
+  std::vector<int64_t> pipelinedPeakBytes() const {
+    return compiler::pipelinedPeakBytes(*executable_);
+  }
+  // Modelled peak per IPU of a phased run (compiler::phasedPeakBytes): the
+  // storages accounted in streaming memory are brought in per phase.
+  std::vector<int64_t> phasedPeakBytes(compiler::Liveness liveness) const;
   // The IPU of the first node that uses `storage` (in a model split over IPUs,
   // the IPU of that node's block), or -1 when no node uses it.
   int ipuOfFirstUse(const c10::StorageImpl* storage) const;
