@@ -37,9 +37,10 @@ from ._input_groups import expand_input_groups, group_rows
 from ._logging import logger
 from ._printing import module_repr
 from ._step_capture import StepCapture
+from ._wrapper_options import check_compiled_strategy, mean_factors, wrapper_options
 from ._wrapper_state import WrapperState
 from .distributed._replication import ProcessReplicas
-from .options import ConnectionType, Options, OutputMode, ReductionType
+from .options import ConnectionType, Options, OutputMode
 
 _DEVICE = torch.device("ipu:0")
 
@@ -83,8 +84,9 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         if not isinstance(model, torch.nn.Module):
             raise Error(f"expected a torch.nn.Module to wrap, got {type(model).__name__}")
         self._model = model
-        self._options = options if options is not None else Options()
-        self._options._freeze()  # pylint: disable=protected-access
+        # The user's options, and the resolved copy the model runs with.
+        self._user_options = options if options is not None else Options()
+        self._options = wrapper_options(self._user_options, training, optimizer)
         self._training = training
         if training and self._options.Training.gradient_accumulation < 1:
             raise Error("gradientAccumulation must be at least 1")
@@ -210,7 +212,10 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         if not self._training:
             raise Error("setOptimizer: an inference model has no optimiser")
         if self._device_optimizer is not None:
+            check_compiled_strategy(self._options, optimizer)
             self._device_optimizer.set_values(optimizer)
+        else:  # not compiled yet: the new optimiser may choose the mean strategy
+            self._options = wrapper_options(self._user_options, True, optimizer)
         self._optimizer = optimizer
 
     @_locked
@@ -479,10 +484,13 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         anchors = (Anchors(self._options, self._model, self._state, self._training,
                            not accumulate) if self._options.anchored_tensors else None)
         strategy = self._strategy()
+        mean = mean_factors(self._options, self._accumulation, self._options.replication_factor,
+                            distributed.num_processes)
         step = StepCapture(self._model, self._state, self._training, self._device_optimizer,
                            accumulate, device_inputs, args, kwargs, self._options.Precision,
                            strategy, anchors, self._capture_seed,
-                           self._options.module_namescope, self._grouped)
+                           self._options.module_namescope, self._grouped,
+                           mean if accumulate else None)
         self._step = step
         first = step.micro_step()
         # The weights go to their blocks' IPUs before the update is captured:
@@ -505,10 +513,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         self._update = None
         self._before_update = None
         if accumulate:
-            reduction = self._options.Training.accumulation_and_replication_reduction_type
-            replicas = self._micro_batches_per_iteration * distributed.num_processes
-            scale = 1.0 / replicas if reduction == ReductionType.Mean else 1.0
-            self._update = step.update(scale)
+            self._update = step.update(mean.update)
             if processes is not None:
                 self._before_update = processes.gradient_reduction(step.accumulators.values())
         self._attached = True
@@ -564,9 +569,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         if self._grouped is not None:
             host_inputs.append(self._grouped.host_replica_index(n))
         o = self._options
-        mode = o.output_mode
-        if mode == OutputMode.Default:
-            mode = OutputMode.Final if self._training else OutputMode.All
+        mode = o.output_mode  # never Default: the wrapper's options resolve it
         native = {OutputMode.All: 0, OutputMode.Final: 1, OutputMode.EveryN: 2, OutputMode.Sum: 3}
         seed = int(torch.randint(1, 2**62, (1,), generator=self._rng))
         step = self._step

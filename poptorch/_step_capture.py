@@ -34,6 +34,7 @@ from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import Error
 from ._replica_grouping import GroupedWeights
+from ._wrapper_options import MeanFactors
 from ._logging import logger
 from ._losses import LossRecorder, RunningOnIpu
 from ._ops.name_scope import module_name_scopes
@@ -67,8 +68,8 @@ class StepCapture:
                  device_inputs: List[torch.Tensor], args: Tuple[Any, ...],
                  kwargs: Dict[str, Any], precision: Any, strategy: Any,
                  anchors: Optional[Anchors] = None, seed: int = 0,
-                 module_namescope: bool = True, grouped: Optional[GroupedWeights] = None
-                 ) -> None:
+                 module_namescope: bool = True, grouped: Optional[GroupedWeights] = None,
+                 mean: Optional[MeanFactors] = None) -> None:
         self.model = model
         self.strategy = strategy  # Options.setExecutionStrategy: places the model's blocks
         self.split: Optional[Split] = None  # how the blocks split the model (set by a capture)
@@ -92,6 +93,14 @@ class StepCapture:
             p.requires_grad_(True)
         self.accumulators: Dict[int, torch.Tensor] = (
             {id(p): optimizer.new_accumulator(p) for p in self.trainable} if accumulate else {})
+        # Training.accumulationAndReplicationReductionType and its mean strategy
+        self.mean = mean if mean is not None else MeanFactors(1.0, 1.0, False)
+        # Running means: gradients each accumulator took since the update. One
+        # count per accumulator, updated where it is, so that the stages of a
+        # pipeline (each accumulating its own weights) never share one.
+        self.counts: Dict[int, torch.Tensor] = (
+            {key: torch.zeros((), device=acc.device) for key, acc in self.accumulators.items()}
+            if self.mean.running else {})
         _C.synchronize()  # the zeros exist before the step: it must not zero them again
         # Set by the first capture: what the model returns, with its device
         # tensors; later variants write their results into the same tensors.
@@ -157,6 +166,9 @@ class StepCapture:
         """Captures the optimiser update from the accumulators; returns its program."""
         with self._seeded(), _whole_step_capture(), outside_blocks():
             self.optimizer.capture_update(self.accumulators, scale, accumulated=True)
+            with torch.no_grad():
+                for count in self.counts.values():
+                    count.zero_()
             return _C.prepare_program()
 
     @contextlib.contextmanager
@@ -183,6 +195,8 @@ class StepCapture:
     def _backward(self, loss: torch.Tensor) -> None:
         if loss.dim() != 0:
             loss = loss.sum()
+        if self.mean.loss != 1.0:  # MeanReductionStrategy.PostAndLoss
+            loss = loss * self.mean.loss
         grads = torch.autograd.grad(loss * self.optimizer.grad_scale, self.trainable,
                                     allow_unused=True)
         if all(g is None for g in grads):
@@ -193,7 +207,12 @@ class StepCapture:
         if self.accumulators:
             with torch.no_grad():
                 for key, g in gradients.items():
-                    self.accumulators[key].add_(g.to(self.accumulators[key].dtype))
+                    acc = self.accumulators[key]
+                    if self.counts:  # the running mean: acc += (g - acc) / count
+                        count = self.counts[key].add_(1)
+                        acc.mul_((count - 1) / count).add_(g.to(acc.dtype) / count)
+                    else:
+                        acc.add_(g.to(acc.dtype))
         else:
             self.optimizer.capture_update(gradients, 1.0, accumulated=False)
 

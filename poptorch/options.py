@@ -66,9 +66,6 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
         "errors name the first frame outside torch and poptorch"),
     "setAvailableMemoryProportion": (_never, "host kernels have no tile memory to share"),
     "enableStableNorm": (_only(True), "the host's norm kernels are the stable ones"),
-    "Training.setMeanAccumulationAndReplicationReductionStrategy": (
-        _only(MeanReductionStrategy.Post), "gradients are summed over the micro-batches and "
-        "divided once at the update (Post), which equals the other strategies up to rounding"),
     "Training.setConvolutionDithering": (_only(False), "the emulator has no tiles"),
     "Precision.enableStochasticRounding": (_only(False), "rounding is to nearest"),
     "Precision.enableFloatingPointExceptions": (
@@ -298,9 +295,10 @@ class _TrainingOptions(_Settings):
         """When a ``Mean`` reduction divides by the number of micro-batches:
         ``Running`` keeps the accumulator as the running mean, ``Post`` divides
         once after accumulating, ``PostAndLoss`` divides by the replicas before
-        the backward pass."""
-        return self._set_not_honoured(
-            "setMeanAccumulationAndReplicationReductionStrategy", "mean_reduction_strategy",
+        the backward pass. A model whose optimiser has float16 accumulators
+        (``accum_type``) uses ``Running``, as in PopTorch."""
+        return self._set(
+            "mean_reduction_strategy",
             _enum("Training.setMeanAccumulationAndReplicationReductionStrategy",
                   MeanReductionStrategy, mean_reduction_strategy))
 

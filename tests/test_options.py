@@ -412,10 +412,6 @@ def messages(log):
     (lambda o: o.appendToLocationExcludes("my_lib"),
      ("source_location_excludes", ("/torch/", "/poptorch/", "my_lib")),
      "sourceLocationExcludes(['/torch/', '/poptorch/', 'my_lib'])"),
-    (lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy(
-        MeanReductionStrategy.Running), ("Training.mean_reduction_strategy",
-                                         MeanReductionStrategy.Running),
-     "MeanReductionStrategy.Running"),
     (lambda o: o.Training.setConvolutionDithering(True), ("Training.convolution_dithering", True),
      "Training.setConvolutionDithering(True)"),
     (lambda o: o.Precision.enableFloatingPointExceptions(True),
@@ -467,6 +463,8 @@ def test_an_ignored_option_is_stored_and_logged_once(log, call, stored, logged):
     lambda o: o.appendToLocationExcludes(),
     lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy(
         MeanReductionStrategy.Post),
+    lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy(
+        MeanReductionStrategy.Running),
     lambda o: o.Precision.enableFloatingPointExceptions(False),
     lambda o: o.useOfflineIpuTarget(21),
     lambda o: o.connectionType(ConnectionType.Never),
