@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
+import traceback
 import weakref
 from typing import Any, Iterable, Iterator, Optional
 
@@ -58,8 +59,22 @@ def _put(out: "queue.Queue[Any]", stop: threading.Event, item: Any) -> bool:
     return False
 
 
+class _Startup:
+    """What the loading thread tells its accessor of the first batch: loaded
+    (or the epoch was empty), or the exception that stopped it; and, unless
+    ``early_preload``, the gate it waits at after the first batch."""
+
+    def __init__(self, early_preload: bool) -> None:
+        self.done = threading.Event()
+        self.failure: Optional[BaseException] = None
+        self.gate = threading.Event()
+        if early_preload:
+            self.gate.set()
+
+
 def _load(source: Iterable[Any], rebatched_size: Optional[int], drop_last: bool,
-          out: "queue.Queue[Any]", stop: threading.Event, load_indefinitely: bool) -> None:
+          out: "queue.Queue[Any]", stop: threading.Event, load_indefinitely: bool,
+          startup: _Startup) -> None:
     """The loading thread: epochs of batches, each followed by _EndOfEpoch.
     It holds no reference to its accessor, so the accessor can be collected."""
     try:
@@ -67,9 +82,17 @@ def _load(source: Iterable[Any], rebatched_size: Optional[int], drop_last: bool,
             for batch in rebatched(source, rebatched_size, drop_last):
                 if not _put(out, stop, batch):
                     return
+                startup.done.set()
+                while not startup.gate.wait(_POLL_SECONDS):
+                    if stop.is_set():
+                        return
+            startup.done.set()
             if not _put(out, stop, _EndOfEpoch()) or not load_indefinitely:
                 return
     except BaseException as exception:  # pylint: disable=broad-except
+        if not startup.done.is_set():
+            startup.failure = exception
+            startup.done.set()
         _put(out, stop, _Failure(exception))
 
 
@@ -78,9 +101,11 @@ class AsynchronousDataAccessor:
     DataLoader) ahead of the consumer on a background thread, up to
     ``buffer_size`` of them, and yields them in order.
 
-    Each ``iter()`` is one epoch; with ``load_indefinitely`` the thread goes on
-    to preload the next epoch. An exception raised while loading is re-raised
-    in the consumer. ``rebatched_size`` regroups the loaded tensors into
+    The first batch is loaded when the accessor is created (up to
+    ``buffer_size`` with ``early_preload``), so a dataset that cannot load
+    fails at once with a ``poptorch.Error``. Each ``iter()`` is one epoch;
+    with ``load_indefinitely`` the thread goes on to preload the next epoch.
+    An exception raised while loading later is re-raised in the consumer. ``rebatched_size`` regroups the loaded tensors into
     batches of that many samples; the samples short of a last whole batch are
     dropped unless the source has ``rebatched_drop_last = False`` (as a
     ``poptorch.DataLoader(drop_last=False)`` in ``AsyncRebatched`` mode has).
@@ -119,19 +144,37 @@ class AsynchronousDataAccessor:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._epoch_queued = False  # is the thread loading a whole epoch not yet started?
-        if early_preload:
-            self._start()
+        # As PopTorch's, the accessor loads the first batch when it is created
+        # (all buffer_size of them with early_preload): a dataset that cannot
+        # load fails here.
+        self._startup = self._start(early_preload)
+        self._check_started()
 
-    def _start(self) -> None:
+    def _start(self, early_preload: bool = True) -> _Startup:
         self._queue = queue.Queue(maxsize=self._buffer_size)
         self._stop = threading.Event()
+        startup = _Startup(early_preload)
         self._thread = threading.Thread(
             target=_load, name="poptorch-data-loader", daemon=True,
             args=(self._source, self._rebatched_size, self._drop_last, self._queue, self._stop,
-                  self._load_indefinitely))
+                  self._load_indefinitely, startup))
         _RUNNING[self._thread] = self._stop
         self._thread.start()
         self._epoch_queued = True
+        return startup
+
+    def _check_started(self) -> None:
+        startup = self._startup
+        while not startup.done.wait(_POLL_SECONDS):
+            if self._thread is None or not self._thread.is_alive():
+                break
+        if startup.failure is not None:
+            self.terminate()
+            failure = startup.failure
+            logger.error("AsynchronousDataAccessor: loading the first batch raised:\n%s",
+                         "".join(traceback.format_exception(failure)))
+            raise Error(f"AsynchronousDataAccessor: the worker thread failed to start: loading "
+                        f"the first batch raised {type(failure).__name__}: {failure}") from failure
 
     def __len__(self) -> int:
         """Batches per epoch (with ``rebatched_size``, of a torch DataLoader source)."""
@@ -149,7 +192,8 @@ class AsynchronousDataAccessor:
     def __iter__(self) -> Iterator[Any]:
         if not self._epoch_queued:  # none, or what is queued is from an abandoned epoch
             self.terminate()
-            self._start()
+            self._startup = self._start()
+        self._startup.gate.set()  # loading goes on past the first batch
         self._epoch_queued = False
         assert self._thread is not None
         return self._epoch(self._queue, self._stop, self._thread)

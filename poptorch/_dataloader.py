@@ -47,9 +47,9 @@ class DataLoader(torch.utils.data.DataLoader):
       samples of that many consecutive ones (``drop_last`` drops a last group
       of fewer). ``combinedBatchSize`` is then None.
     * ``batch_size=None``: the dataset's items are combined batches already.
-    * An ``IterableDataset`` read by several workers with ``drop_last=False``
-      gives each worker's last batch short; those are regrouped here into
-      combined batches (only the very last may be short).
+    * An ``IterableDataset`` read by several workers gives each worker's
+      last batch short (``drop_last=False``) or drops it, as in torch and
+      PopTorch; ``AsyncRebatched`` regroups them instead.
     * ``mode=DataLoaderMode.Async`` loads ahead on a thread
       (``async_options`` go to the :class:`~poptorch.AsynchronousDataAccessor`);
       ``AsyncRebatched`` also loads batches of ``rebatched_worker_size``
@@ -107,8 +107,11 @@ class DataLoader(torch.utils.data.DataLoader):
                             "sampler that yields only this process's samples")
             # Every process draws the same permutation per epoch: one seed for all.
             seed = options.random_seed if options.random_seed is not None else 0
+            # Shares of whole combined batches: what drop_last would drop of
+            # one process's share is not lost to the others.
+            step = combined if combined is not None and drop_last else 1
             kwargs["sampler"] = ProcessShard(dataset, distributed.process_id,
-                                             distributed.num_processes, shuffle, seed)
+                                             distributed.num_processes, shuffle, seed, step)
             shuffle = False
         if iterable and num_workers > 1 and kwargs.get("worker_init_fn") is None:
             logger.warning("DataLoader: an IterableDataset read by %d workers without a "
@@ -132,8 +135,6 @@ class DataLoader(torch.utils.data.DataLoader):
                     raise Error(f"rebatched_worker_size must be an integer from 1 to the "
                                 f"combined batch size {combined}, got {rebatched_worker_size!r}")
                 loader_batch = rebatched_worker_size
-        elif iterable and num_workers > 1 and not drop_last and combined is not None:
-            rebatch_size = combined
         self._rebatch_size = rebatch_size
         self.rebatched_drop_last = drop_last  # read by the AsynchronousDataAccessor
 

@@ -271,9 +271,8 @@ def test_iterable_dataset_as_torch(drop_last):
 
 
 def test_iterable_dataset_read_by_workers():
-    """drop_last=True: torch's batches (each worker drops its own short batch);
-    drop_last=False: the workers' short batches are regrouped into combined
-    batches, so only the last batch of the epoch is short."""
+    """torch's batches: each worker drops its own short batch (drop_last=True)
+    or yields it (drop_last=False), as in PopTorch's Sync mode."""
     kept = DataLoader(options(2), Stream(22), batch_size=2, num_workers=2,
                       worker_init_fn=seed_worker)
     assert same_batches(within(60, lambda: list(kept)),
@@ -283,8 +282,7 @@ def test_iterable_dataset_read_by_workers():
     batches = within(60, lambda: list(every))
     reference = torch_batches(Stream(22), 4, num_workers=2)
     assert [len(b) for b in reference] == [4, 4, 4, 4, 3, 3]
-    assert [len(b) for b in batches] == [4, 4, 4, 4, 4, 2] and len(every) == 6
-    assert torch.equal(torch.cat(batches), torch.cat(reference)), "torch's samples, in order"
+    assert same_batches(batches, reference) and len(every) == 6
 
 
 def test_iterable_dataset_read_by_workers_without_init_fn_warns(log):
@@ -302,6 +300,15 @@ def test_distributed_partitioning_gives_each_process_its_own_share():
     assert len(whole) == 10
     with pytest.raises(Error, match="cannot split a dataset read through your sampler"):
         DataLoader(options_with(0, 2), numbered(8), sampler=range(8))
+
+
+def test_distributed_shares_are_whole_combined_batches():
+    """100 samples, combined batches of 4, 3 processes: each share is 8 whole
+    batches, one after the other (a share of 33 would drop one sample that
+    the next process does not use either)."""
+    shares = [sum(indices(DataLoader(options_with(p, 3), numbered(100), batch_size=2)), [])
+              for p in range(3)]
+    assert shares == [list(range(32 * p, 32 * (p + 1))) for p in range(3)]
 
 
 @pytest.mark.parametrize("seed", [None, 5])
@@ -398,6 +405,20 @@ def test_early_preload_loads_the_first_epoch_once():
     assert within(30, lambda: [b.flatten().tolist() for b in accessor]) == [[0, 1], [2, 3], [4, 5]]
     assert dataset.loaded == 6, "the preloaded epoch is the one consumed"
     accessor.terminate()
+
+
+def test_the_accessor_loads_its_first_batch_when_created(log):
+    """As PopTorch's: the first batch only (without early_preload), and a
+    dataset that cannot load it fails at once, with its error logged."""
+    dataset = Counting(6)
+    accessor = AsynchronousDataAccessor(torch.utils.data.DataLoader(dataset, batch_size=2))
+    time.sleep(0.2)
+    assert dataset.loaded == 2, "the first batch, and no more before iterating"
+    assert within(30, lambda: [b.flatten().tolist() for b in accessor]) == [[0, 1], [2, 3], [4, 5]]
+    accessor.terminate()
+    with pytest.raises(Error, match="worker thread failed to start.*sample 0 is corrupt"):
+        AsynchronousDataAccessor(torch.utils.data.DataLoader(Counting(6, fail_at=0)))
+    assert any("KeyError: 'sample 0 is corrupt'" in r.getMessage() for r in log.records)
 
 
 def test_worker_processes_and_async_mode():
