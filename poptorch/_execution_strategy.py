@@ -10,6 +10,7 @@ themselves are in ``_annotations.py``.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Union
 
 from ._errors import Error
@@ -104,6 +105,18 @@ class _ExecutionStrategy:
         self._stages: Dict[str, Stage] = {}       # block id -> its stage (explicit stages)
         self._stage_ids: Dict[int, int] = {}      # id(stage) -> its stage index
         self._phase_ids: Dict[int, int] = {}      # id(stage) -> its phase index
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "_ExecutionStrategy":
+        # opts.clone() copies the strategy: the maps keyed by id(stage) must
+        # follow the copies of the stages.
+        copied = copy.copy(self)
+        memo[id(self)] = copied
+        for name, value in self.__dict__.items():
+            setattr(copied, name, copy.deepcopy(value, memo))
+        for name in ("_stage_ids", "_phase_ids"):
+            setattr(copied, name, {id(memo[key]): value
+                                   for key, value in getattr(self, name).items() if key in memo})
+        return copied
 
     def stage(self, block_id: str) -> Stage:
         """The :class:`Stage` block ``block_id`` belongs to."""
@@ -348,13 +361,18 @@ def check_split(strategy: _ExecutionStrategy, stages: Sequence[int], num_ipus: i
     if not strategy.pipelined or len(stages) < 2:
         return
     n = len(stages)
+    # The first sentences are PopTorch's words.
     if training and gradient_accumulation < 2 * n - 1:
-        raise Error(f"a pipeline of {n} stages needs gradientAccumulation >= {2 * n - 1} "
-                    f"(2 x stages - 1: each forward and backward stage holds a micro-batch), "
-                    f"got {gradient_accumulation}: set "
+        raise Error(f"poptorch.Options().Training.gradientAccumulation must be greater than or "
+                    f"equal to the number of pipeline stages ({2 * n - 1}) when using "
+                    f"poptorch.PipelinedExecution. Please note that a model with {n} pipeline "
+                    f"stages in PopTorch will have an additional {n - 1} stages when training "
+                    f"(the backward stages: each forward and backward stage holds a "
+                    f"micro-batch). Got {gradient_accumulation}: set "
                     f"options.Training.gradientAccumulation({2 * n - 1}) or more, or use "
                     "poptorch.ShardedExecution()")
     if not training and device_iterations < n:
-        raise Error(f"a pipeline of {n} stages needs deviceIterations >= {n} in inference (one "
-                    f"micro-batch per stage), got {device_iterations}: set "
+        raise Error(f"poptorch.Options().deviceIterations must be greater than or equal to the "
+                    f"number of pipeline stages ({n}) when using poptorch.PipelinedExecution in "
+                    f"inference (one micro-batch per stage). Got {device_iterations}: set "
                     f"options.deviceIterations({n}) or more, or use poptorch.ShardedExecution()")

@@ -91,8 +91,13 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         if training and self._options.Training.gradient_accumulation < 1:
             raise Error("gradientAccumulation must be at least 1")
         if not training and self._options.Training.gradient_accumulation != 1:
-            raise Error("inferenceModel: gradientAccumulation must be 1 for inference; "
-                        "use another Options object for the inference model")
+            raise Error(  # PopTorch's words
+                "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it "
+                "as its default value (1) when running a poptorch.inferenceModel()."
+                + (" Use poptorch.Options().deviceIterations to process a sufficient number of "
+                   "batches each run for pipelined execution instead."
+                   if self._options._execution_strategy.pipelined else "")  # pylint: disable=protected-access
+                + " (Use another Options object for the inference model.)")
         if training and optimizer is None:
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         self._optimizer = optimizer

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Union
+import threading
+from collections import Counter
+from typing import Optional, Tuple, Union
 
 from . import _C
 
@@ -24,6 +26,37 @@ if not logger.handlers:
     _handler.setFormatter(logging.Formatter("[poptorch:%(levelname)s] %(message)s"))
     logger.addHandler(_handler)
     logger.propagate = False
+
+
+class _RepeatLimit(logging.Filter):
+    """``Options.maxRepeatLogs``: each logging site's message is logged at most
+    ``limit`` times (None: no limit); the last one says that repeats follow."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self.limit: Optional[int] = None
+        self._logged: "Counter[Tuple[str, int]]" = Counter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        with self._lock:
+            if self.limit is None:
+                return True
+            site = (record.pathname, record.lineno)
+            self._logged[site] += 1
+            count = self._logged[site]
+        if count == self.limit:
+            record.msg = f"{record.msg} (repeated; its further repeats are not shown)"
+        return count <= self.limit
+
+
+_repeat_limit = _RepeatLimit()
+logger.addFilter(_repeat_limit)
+
+
+def set_max_repeat_logs(limit: Optional[int]) -> None:
+    """How many times each message may be logged (None: no limit)."""
+    _repeat_limit.limit = limit
 
 
 # PopTorch's legacy integer levels.

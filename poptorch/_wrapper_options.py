@@ -38,6 +38,8 @@ def wrapper_options(options: Options, training: bool,
     if not (default_mode or running):
         return options
     resolved = options.clone()
+    # The same strategy object: changes to it before the first call count.
+    resolved._values["execution_strategy"] = options.execution_strategy  # pylint: disable=protected-access
     if default_mode:
         resolved.outputMode(OutputMode.Final if training else OutputMode.All)
     if running:

@@ -31,8 +31,8 @@ import torch
 from . import autocasting
 from ._options_config import ConfigFileError, load_config_file, load_default_options
 from ._errors import Error
-from ._execution_strategy import _ExecutionStrategy
-from ._logging import logger
+from ._execution_strategy import PipelinedExecution, _ExecutionStrategy
+from ._logging import logger, set_max_repeat_logs
 from .enums import (CommGroupType, ConnectionType, HalfFloatCastingBehavior,
                     MeanReductionStrategy, OutputMode, ReductionType, SyncPattern)
 
@@ -555,6 +555,7 @@ class Options(_Settings):
     profile_dir = _Value[Optional[str]](None, "Where profiling reports go (None: off).")
     log_dir = _Value[Optional[str]](None, "Where report files go.")
     log_cycle_count = _Value(False, "Log IPU cycles per run.")
+    max_repeat_logs = _Value[Optional[int]](None, "Times each message may be logged.")
     model_name = _Value[Optional[str]](None, "The model's name in reports.")
     broadcast_buffers = _Value(True, "Broadcast buffers to replicas every run.")
     stable_norm = _Value(False, "Use the stable (slower) form of norm operators.")
@@ -759,6 +760,12 @@ class Options(_Settings):
         of IPUs that is not a power of 2 is an error."""
         return self._set("auto_round_num_ipus", _bool("autoRoundNumIPUs", auto_round_num_ipus))
 
+    @property
+    def _execution_strategy(self) -> Any:
+        """PopTorch's name of the strategy a model runs with (its tests read
+        it): the one set, else a default :class:`~poptorch.PipelinedExecution`."""
+        return self.execution_strategy or PipelinedExecution()
+
     def setExecutionStrategy(self, strategy: Any) -> Options:
         """How a model annotated with blocks is split over IPUs:
         :class:`~poptorch.PipelinedExecution` (the default),
@@ -826,6 +833,16 @@ class Options(_Settings):
     def logDir(self, log_dir: Union[str, os.PathLike[str]]) -> Options:
         """Where PopTorch writes its log files."""
         return self._set_not_honoured("logDir", "log_dir", _str("logDir", log_dir))
+
+    def maxRepeatLogs(self, number: Optional[int]) -> Options:
+        """Log each often-repeated message of PopTorch (its Python side) at
+        most ``number`` times from now on, in this process; None (the
+        default) for no limit."""
+        if number is not None:
+            _int("maxRepeatLogs", number, 1, "the times each message may be logged")
+        self._set("max_repeat_logs", number)
+        set_max_repeat_logs(number)
+        return self
 
     def logCycleCount(self, log_cycle_count: bool) -> Options:
         """Count (model) the IPU cycles of each call, log them, and let

@@ -26,3 +26,26 @@ def test_set_log_level_rejects_unknown_levels():
     with pytest.raises(ValueError, match="unknown log level"):
         poptorch.setLogLevel("LOUD")
     poptorch.setLogLevel("INFO")
+
+
+def test_max_repeat_logs_limits_each_message():
+    code = ("import poptorch\n"
+            "from poptorch._logging import logger\n"
+            "def say(i):\n"
+            "    logger.warning('again %d', i)\n"
+            "for i in range(5):\n"
+            "    say(i)\n"
+            "poptorch.Options().maxRepeatLogs(2)\n"
+            "for i in range(5, 10):\n"
+            "    say(i)\n"
+            "logger.warning('another message')\n"
+            "poptorch.Options().maxRepeatLogs(None)\n"
+            "say(10)\n")
+    lines = run_python(code).stderr.splitlines()
+    assert lines == [f"[poptorch:WARNING] again {i}" for i in range(5)] + [
+        "[poptorch:WARNING] again 5",
+        "[poptorch:WARNING] again 6 (repeated; its further repeats are not shown)",
+        "[poptorch:WARNING] another message",
+        "[poptorch:WARNING] again 10"]
+    with pytest.raises(poptorch.Error, match="maxRepeatLogs"):
+        poptorch.Options().maxRepeatLogs(0)

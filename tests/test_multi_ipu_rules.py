@@ -52,8 +52,9 @@ def _infer(model, opts):
 
 
 def test_pipelined_training_needs_2_stages_minus_1_accumulation():
-    with pytest.raises(poptorch.Error, match=r"pipeline of 4 stages needs "
-                       r"gradientAccumulation >= 7.*got 6.*gradientAccumulation\(7\)"):
+    with pytest.raises(poptorch.Error, match=r"gradientAccumulation must be greater than or "
+                       r"equal to the number of pipeline stages \(7\).*a model with 4 pipeline "
+                       r"stages.*Got 6.*gradientAccumulation\(7\)"):
         _train(Chain([0, 1, 2, 3]), _options(accumulation=6))
     _train(Chain([0, 1, 2, 3]), _options(accumulation=7))
     # Sharded execution runs one stage at a time: no such need.
@@ -61,10 +62,21 @@ def test_pipelined_training_needs_2_stages_minus_1_accumulation():
 
 
 def test_pipelined_inference_needs_a_batch_per_stage():
-    with pytest.raises(poptorch.Error, match=r"pipeline of 2 stages needs deviceIterations "
-                       r">= 2.*got 1"):
+    with pytest.raises(poptorch.Error, match=r"deviceIterations must be greater than or equal "
+                       r"to the number of pipeline stages \(2\).*Got 1"):
         _infer(Chain([0, 1]), _options())
     _infer(Chain([0, 1]), _options(iterations=2))
+
+
+@pytest.mark.parametrize("strategy", [None, poptorch.ShardedExecution()])
+def test_inference_refuses_gradient_accumulation(strategy):
+    opts = _options(strategy, accumulation=2)
+    assert isinstance(opts._execution_strategy,  # pylint: disable=protected-access
+                      type(strategy or poptorch.PipelinedExecution()))
+    with pytest.raises(poptorch.Error, match=r"gradientAccumulation to 1 or leave it as its "
+                       r"default value \(1\) when running a poptorch\.inferenceModel\(\)\.") as info:
+        poptorch.inferenceModel(Chain([0, 1]), opts)
+    assert ("deviceIterations to process" in str(info.value)) == (strategy is None)
 
 
 def test_ipus_in_powers_of_two():
@@ -105,6 +117,16 @@ def test_phase_stages_and_ipus_must_match():
         _infer(Chain([None, None]), _options(parallel))
     parallel.phase(1).ipus(1)
     _infer(Chain([None, None]), _options(parallel))
+
+
+def test_cloned_options_keep_their_strategy():
+    """opts.clone() copies the strategy with its stages (its maps of the
+    stages followed the originals)."""
+    parallel = poptorch.ParallelPhasedExecution(
+        poptorch.Phase(poptorch.Stage("0")), poptorch.Phase(poptorch.Stage("1")))
+    parallel.phase(0).ipus(0)
+    parallel.phase(1).ipus(1)
+    _infer(Chain([None, None]), _options(parallel).clone())
 
 
 def test_ipu_beyond_those_available():
