@@ -28,6 +28,7 @@ from . import _C
 from . import _buffers
 from . import _precision
 from ._held_parameters import device_parameters
+from ._host_constants import HostConstants
 from ._annotations import Split, capturing_blocks, outside_blocks
 from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
@@ -135,7 +136,8 @@ class StepCapture:
                 # A grouped weight's forward sees its replica's row.
                 rows = self.grouped.views(self._state.tensors) if self.grouped else {}
                 tensors = {**self._swapped_tensors(), **rows}
-                with _precision.forward_casting(self.precision, self.model), \
+                # HostConstants first: the modes entered later see a call first.
+                with _precision.forward_casting(self.precision, self.model), HostConstants(), \
                         device_parameters(self.model, self._state.host, self._state.tensors), \
                         _buffers.kept_in_forward(self.model, {**self._state.tensors, **rows}):
                     outputs = torch.func.functional_call(self.model, tensors, self._args,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import poptorch
-from conftest import run_python
+from conftest import run_python, train_beside_the_cpu
 
 
 class Classifier(torch.nn.Module):
@@ -407,3 +407,23 @@ def test_inference_micro_batches_that_update_a_buffer_run_in_order():
     out = ipu(torch.zeros(6, 1))
     assert out.flatten().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert float(model.calls) == 6.0
+
+
+def test_host_tensors_held_outside_the_model_are_constants_of_the_step():
+    """A loss weight held in a closure, not by the model: the composite op
+    computes (1 - target).mul_(input) on it, which mixed host and ipu tensors."""
+    torch.manual_seed(0)
+    target, weight, pos_weight = torch.rand(6, 3), torch.rand(6, 3), torch.rand(3)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y, torch.nn.functional.binary_cross_entropy_with_logits(
+                y, target, weight=weight, pos_weight=pos_weight)
+
+    train_beside_the_cpu(Model(), [(torch.rand(6, 3),) for _ in range(3)],
+                         loss_of=lambda out: out[1])

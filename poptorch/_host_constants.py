@@ -1,0 +1,45 @@
+"""Host tensors a captured step reads: constants of the step, as in PopTorch.
+
+The dispatcher uploads a host tensor an op reads next to ipu tensors (see
+``uploadHostConstants`` in csrc/capture/fallback.cpp). That is too late for a
+composite op whose C++ body first computes on the host tensors alone and then
+writes an ipu value into the host result: ``binary_cross_entropy_with_logits``
+with a ``weight`` or ``pos_weight`` held by the model outside its buffers
+computes ``(1 - target).mul_(input)``. While a step is captured, a
+``TorchFunctionMode`` uploads such tensors when the function is called from
+Python, so the whole op runs on the ipu. Tensors a function writes (in-place
+functions, ``out=``) and 0-dim ones (host scalars mix with any device) stay.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
+
+
+def _ipu_device(tree: Any) -> Optional[torch.device]:
+    for leaf in pytree.tree_leaves(tree):
+        if isinstance(leaf, torch.Tensor) and leaf.device.type == "ipu":
+            return leaf.device
+    return None
+
+
+# Functions whose tensor argument says where the result goes.
+_MOVES = frozenset(("to", "type_as"))
+
+
+class HostConstants(TorchFunctionMode):
+    """While a step is captured: host tensors read with ipu tensors are uploaded."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        writes = name.endswith("_") or "out" in kwargs
+        device = None if writes or name in _MOVES else _ipu_device((args, kwargs))
+        if device is not None:
+            def upload(t: torch.Tensor) -> torch.Tensor:
+                return t.to(device) if t.device.type == "cpu" and t.dim() > 0 else t
+            args, kwargs = pytree.tree_map_only(torch.Tensor, upload, (args, kwargs))
+        return func(*args, **kwargs)
