@@ -25,7 +25,8 @@ from . import optim as popoptim
 from ._errors import Error
 from ._logging import logger
 
-_GLOBAL_ATTRIBUTES = ("loss_scaling",)
+# Attributes of the optimiser, not of its param groups (defaults when absent).
+_GLOBAL_ATTRIBUTES = {"loss_scaling": 1.0, "max_weight_norm": None}
 
 
 def _torch_defaults(optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
@@ -79,6 +80,9 @@ class DeviceOptimizer:
         if automatic_loss_scaling:  # the scale changes on the device
             self.variables.add("loss_scaling")
         self.loss_scaling = self._value("loss_scaling", getattr(optimizer, "loss_scaling", 1.0))
+        # LAMB's clip of the weight norm in its trust ratio
+        self.max_weight_norm = self._value("max_weight_norm",
+                                           getattr(optimizer, "max_weight_norm", None))
         self.max_grad_norm = getattr(optimizer, "max_grad_norm", None)
         self._compiled_values = self._constants(optimizer)
         self._hooks: List[Any] = []
@@ -115,8 +119,9 @@ class DeviceOptimizer:
         params = {f"{name}___group{i}": _C.host_alias(value)
                   for i, (_, hyper) in enumerate(self.groups) for name, value in hyper.items()
                   if isinstance(value, torch.Tensor)}
-        if isinstance(self.loss_scaling, torch.Tensor):
-            params["loss_scaling"] = _C.host_alias(self.loss_scaling)
+        for name in _GLOBAL_ATTRIBUTES:
+            if isinstance(getattr(self, name), torch.Tensor):
+                params[name] = _C.host_alias(getattr(self, name))
         return state, params
 
     def _value(self, name: str, value: Any) -> Any:
@@ -129,8 +134,8 @@ class DeviceOptimizer:
         for index, group in enumerate(optimizer.param_groups):
             for name, value in rules.group_hyperparameters(self.algorithm, group).items():
                 values[(index, name)] = value
-        for name in _GLOBAL_ATTRIBUTES:
-            values[(-1, name)] = getattr(optimizer, name, 1.0)
+        for name, default in _GLOBAL_ATTRIBUTES.items():
+            values[(-1, name)] = getattr(optimizer, name, default)
         return values
 
     @property
@@ -153,8 +158,13 @@ class DeviceOptimizer:
             for g in grads.values():
                 rules.scale_(g, factor)
 
+            groups = self.groups
+            if isinstance(self.max_weight_norm, torch.Tensor):  # variable: the device's
+                groups = [(params, {**hyper, "max_weight_norm": self.max_weight_norm})
+                          for params, hyper in self.groups]
+
             def update() -> None:
-                rules.apply_update(self.algorithm, self.optimizer, self.groups, grads,
+                rules.apply_update(self.algorithm, self.optimizer, groups, grads,
                                    self.state, self.max_grad_norm)
 
             if statistics is not None:
@@ -181,7 +191,7 @@ class DeviceOptimizer:
         self._report_ignored(optimizer)
         new = self._constants(optimizer)
         for (index, name), value in new.items():
-            target = self.loss_scaling if index < 0 else self.groups[index][1].get(name)
+            target = getattr(self, name) if index < 0 else self.groups[index][1].get(name)
             if isinstance(target, torch.Tensor):
                 target.copy_(torch.tensor(float(value)))  # a direct upload, no graph
             elif value != self._compiled_values.get((index, name)):

@@ -294,11 +294,12 @@ def _lamb(p, g, state, h, optimizer) -> None:
         update = exp_avg / update.add_(h["eps"])
     _axpy_(update, p, h["weight_decay"])
     weight_norm = p.norm()
-    max_weight_norm = getattr(optimizer, "max_weight_norm", None)
-    if max_weight_norm is not None:
-        weight_norm = weight_norm.clamp(max=max_weight_norm)
+    # The device's value (variable) when the optimiser has one, else the host's.
+    max_weight_norm = h.get("max_weight_norm", getattr(optimizer, "max_weight_norm", None))
+    clipped = weight_norm if max_weight_norm is None else weight_norm.clamp(max=max_weight_norm)
     update_norm = update.norm()
-    trust = torch.where((weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, 1.0)
+    # 1 when a norm is 0 (a weight that starts at zeros); max_weight_norm=0 gives 0.
+    trust = torch.where((weight_norm > 0) & (update_norm > 0), clipped / update_norm, 1.0)
     _axpy_(p, update, -(trust * h["lr"]))
 
 

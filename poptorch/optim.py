@@ -319,11 +319,13 @@ class LAMB(Optimizer, torch.optim.Optimizer):
     """Layer-wise Adaptive Moments (You et al., 2019), as PopTorch defines it:
     Adam moments (bias-corrected with ``bias_correction``), then each update
     ``u = m / (sqrt(v) + eps) + weight_decay * p`` is scaled by the trust ratio
-    ``min(||p||, max_weight_norm) / ||u||`` (1 when either norm is 0);
-    ``max_weight_norm`` defaults to 65500, float16's largest value."""
+    ``min(||p||, max_weight_norm) / ||u||`` (1 when ``||p||`` or ``||u||`` is
+    0, so ``max_weight_norm=0`` freezes the weights); ``max_weight_norm``
+    defaults to 65500, float16's largest value."""
 
     _algorithm = "lamb"
-    _attributes = ("lr", "beta1", "beta2", "eps", "weight_decay", "loss_scaling")
+    _attributes = ("lr", "beta1", "beta2", "eps", "weight_decay", "loss_scaling",
+                   "max_weight_norm")
     _extras = ("loss_scaling", "max_weight_norm", "bias_correction", "accum_type",
                "first_order_momentum_accum_type", "second_order_momentum_accum_type",
                "max_grad_norm")
@@ -341,7 +343,7 @@ class LAMB(Optimizer, torch.optim.Optimizer):
                                       weight_decay=_pick(weight_decay, 1e-2)))
         self._setup_poptorch(
             dict(lr=lr, beta1=betas, beta2=betas, eps=eps, weight_decay=weight_decay,
-                 loss_scaling=loss_scaling),
+                 loss_scaling=loss_scaling, max_weight_norm=max_weight_norm),
             loss_scaling=_pick(loss_scaling, 1.0),
             max_weight_norm=_pick(max_weight_norm, 65500.0),
             bias_correction=_pick(bias_correction, True),

@@ -110,7 +110,7 @@ def rmsprop_tf(lr, alpha, eps, weight_decay, momentum, centered):
 
 def lamb(lr, betas, eps, weight_decay, max_weight_norm, bias_correction=True):
     """PopTorch's LAMB: u = m / (sqrt(v) + eps) + wd * p (bias-corrected moments),
-    p -= lr * min(||p||, max_weight_norm) / ||u|| * u."""
+    p -= lr * min(||p||, max_weight_norm) / ||u|| * u (1 if ||p|| or ||u|| is 0)."""
     def update(params, grads, state):
         for i, (p, g) in enumerate(zip(params, grads)):
             m, v, step = state.setdefault(i, [torch.zeros_like(p), torch.zeros_like(p), 0])
@@ -121,8 +121,8 @@ def lamb(lr, betas, eps, weight_decay, max_weight_norm, bias_correction=True):
             c1 = 1 - betas[0] ** step if bias_correction else 1
             c2 = 1 - betas[1] ** step if bias_correction else 1
             u = (m / c1) / ((v / c2).sqrt() + eps) + weight_decay * p
-            r1, r2 = p.norm().clamp(max=max_weight_norm), u.norm()
-            trust = r1 / r2 if r1 > 0 and r2 > 0 else 1.0
+            r1, r2 = p.norm(), u.norm()
+            trust = r1.clamp(max=max_weight_norm) / r2 if r1 > 0 and r2 > 0 else 1.0
             p.sub_(lr * trust * u)
     return update
 
@@ -144,7 +144,24 @@ RULES = {
     "LAMB-no-bias-correction-max-weight-norm": (
         lambda p: poptorch.optim.LAMB(p, lr=0.02, bias_correction=False, max_weight_norm=0.5),
         lamb(0.02, (0.9, 0.999), 1e-8, 0.01, 0.5, bias_correction=False)),
+    "LAMB-max-weight-norm-0": (  # a trust ratio of 0: the weights do not move
+        lambda p: poptorch.optim.LAMB(p, lr=0.02, max_weight_norm=0.0),
+        lamb(0.02, (0.9, 0.999), 1e-8, 0.01, 0.0)),
 }
+
+
+def test_lamb_max_weight_norm_is_a_variable():
+    """Passed to the constructor, it changes with setOptimizer, as in PopTorch."""
+    model = net()
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = poptorch.optim.LAMB(model.parameters(), lr=0.02, max_weight_norm=0.0)
+    training = poptorch.trainingModel(model, None, optimizer)
+    training(*batch(0))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    optimizer.max_weight_norm = 100.0
+    training.setOptimizer(optimizer)
+    training(*batch(1))
+    assert not any(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 @pytest.mark.parametrize("name", sorted(RULES))
