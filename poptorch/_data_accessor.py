@@ -8,6 +8,7 @@ consumer without copies, so every ``SharingStrategy`` behaves the same.
 from __future__ import annotations
 
 import atexit
+import copy
 import queue
 import threading
 import traceback
@@ -96,6 +97,18 @@ def _load(source: Iterable[Any], rebatched_size: Optional[int], drop_last: bool,
         _put(out, stop, _Failure(exception))
 
 
+def _own_loader(source: Iterable[Any]) -> Iterable[Any]:
+    """A torch DataLoader is loaded through a copy with iterators (and
+    persistent workers) of its own, as PopTorch's worker process has its own
+    copy: iterating the loader directly meanwhile would reset the iterator
+    the loading thread is in (torch: "Invalid iterator state")."""
+    if not isinstance(source, torch.utils.data.DataLoader):
+        return source
+    own = copy.copy(source)
+    own._iterator = None  # pylint: disable=protected-access
+    return own
+
+
 class AsynchronousDataAccessor:
     """Loads the batches of ``dataset`` (any iterable, usually a
     DataLoader) ahead of the consumer on a background thread, up to
@@ -133,7 +146,7 @@ class AsynchronousDataAccessor:
                         "Async or AsyncRebatched): iterate it directly, or create it with "
                         "mode=poptorch.DataLoaderMode.Sync to wrap it in an "
                         "AsynchronousDataAccessor")
-        self._source = dataset
+        self._source = _own_loader(dataset)
         self._buffer_size = buffer_size
         del miss_sleep_time_in_ms  # _POLL_SECONDS only paces the liveness check of the thread
         self._load_indefinitely = load_indefinitely

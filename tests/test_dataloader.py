@@ -421,6 +421,19 @@ def test_the_accessor_loads_its_first_batch_when_created(log):
     assert any("KeyError: 'sample 0 is corrupt'" in r.getMessage() for r in log.records)
 
 
+def test_a_loader_iterated_beside_its_accessor():
+    """The accessor loads through its own copy of the loader (PopTorch's has
+    one in its worker process): iterating the loader directly meanwhile
+    reset the iterator the accessor's thread was in."""
+    loader = DataLoader(options(), numbered(12), batch_size=2, num_workers=2)
+    accessor = AsynchronousDataAccessor(loader)
+    expected = [[i, i + 1] for i in range(0, 12, 2)]
+    assert within(60, lambda: indices(accessor)) == expected
+    assert within(60, lambda: indices(loader)) == expected
+    assert within(60, lambda: indices(accessor)) == expected
+    accessor.terminate()
+
+
 def test_worker_processes_and_async_mode():
     def loader(mode):
         return DataLoader(options(2), numbered(40), batch_size=2, num_workers=2, mode=mode)
