@@ -208,6 +208,37 @@ def test_linear_then_relu_runs_as_one_fused_kernel_with_the_cpus_values():
     assert ops.get("aten::relu", 0) == 1
 
 
+def test_a_bias_added_to_a_product_runs_as_one_addmm_with_the_cpus_values():
+    # linear on an input it must reshape (a transposed batch) runs mm, then
+    # add_ of the bias: on the ipu the two run as one addmm.
+    torch.manual_seed(0)
+    model = nn.Linear(16, 24)
+    x = torch.randn(8, 5, 16).transpose(0, 1)
+    expected = model(x)
+    on_ipu = copy.deepcopy(model).to("ipu")
+    result = {}
+    ops = _ops_run(lambda: result.update(y=on_ipu(x.to("ipu")).cpu()))
+    torch.testing.assert_close(result["y"], expected)
+    assert ops.get("aten::addmm", 0) == 1
+    # Captured once as mm and add_; never run as them.
+    assert ops.get("aten::mm", 0) == 1 and ops.get("aten::add_", 0) == 1
+
+
+def test_a_fused_bias_takes_the_alpha_of_each_run():
+    # The add_'s alpha is a runtime value: one executable serves every alpha.
+    a, b, bias = torch.randn(6, 4), torch.randn(4, 3), torch.randn(3)
+
+    def product_plus_bias(device, alpha):
+        y = a.to(device) @ b.to(device)
+        return y.view(2, 3, 3).add_(bias.to(device), alpha=alpha).cpu()
+
+    product_plus_bias("ipu", 1.0)
+    compiled = poptorch.metrics()["graphs_compiled"]
+    for alpha in (0.5, -2.0, 3.0):
+        torch.testing.assert_close(product_plus_bias("ipu", alpha), product_plus_bias("cpu", alpha))
+    assert poptorch.metrics()["graphs_compiled"] == compiled
+
+
 def test_matrix_products_write_into_planned_memory_across_runs():
     # Temporaries live in an arena reused by every run: results must not
     # depend on what an earlier run left there.

@@ -10,12 +10,12 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/headeronly/version.h>
 
-#include "ir/hash.h"
-
 #include <bit>
 #include <cstring>
 #include <functional>
 #include <string_view>
+
+#include "ir/hash.h"
 
 namespace poptorch::compiler {
 namespace {
@@ -150,7 +150,8 @@ c10::IValue encodeConstant(const c10::IValue& value) {
 
 // Of a runtime argument, only what the structural hash sees: its kind.
 c10::IValue encodeRuntimeKind(const c10::IValue& value) {
-  if (value.isTensor()) return tuple({"tensor", static_cast<int64_t>(value.toTensor().scalar_type())});
+  if (value.isTensor())
+    return tuple({"tensor", static_cast<int64_t>(value.toTensor().scalar_type())});
   if (value.isScalar()) return tuple({"scalar", static_cast<int64_t>(value.toScalar().type())});
   return tuple({"other", value.tagKind()});
 }
@@ -162,7 +163,8 @@ c10::IValue encodeNode(const ir::Node& node) {
     c10::IValue value;
     if (arg.kind == ir::ArgKind::kConstant) {
       if (arg.value.isGenerator() && !(node.seed && node.generator_arg == static_cast<int>(a))) {
-        throw NotSerializable(absl::StrCat(node.name(), " takes a generator it draws no seed from"));
+        throw NotSerializable(
+            absl::StrCat(node.name(), " takes a generator it draws no seed from"));
       }
       value = encodeConstant(arg.value);
     } else if (arg.kind == ir::ArgKind::kRuntime) {
@@ -177,9 +179,8 @@ c10::IValue encodeNode(const ir::Node& node) {
   for (const ir::TensorRef& ref : node.outputs) outputs.push_back(encodeRef(ref));
   const c10::OperatorName& name = node.op.operator_name();
   return tuple({name.name, name.overload_name, std::move(args), std::move(inputs),
-                std::move(outputs), ints(node.writes), bools(node.fresh_returns),
-                node.source_index, node.seed.has_value(), node.generator_arg,
-                static_cast<int64_t>(node.guard),
+                std::move(outputs), ints(node.writes), bools(node.fresh_returns), node.source_index,
+                node.seed.has_value(), node.generator_arg, static_cast<int64_t>(node.guard),
                 ints(std::vector<int32_t>{node.placement.block, node.placement.stage,
                                           node.placement.phase, node.placement.ipu})});
 }
@@ -187,9 +188,9 @@ c10::IValue encodeNode(const ir::Node& node) {
 c10::IValue encodeGraph(const ir::Graph& graph) {
   auto buffers = anyList();
   for (const ir::BufferInfo& b : graph.buffers) {
-    buffers.push_back(tuple({b.nbytes, static_cast<int64_t>(b.device.type()),
-                             static_cast<int64_t>(b.device.index()), b.existed_before,
-                             b.live_after}));
+    buffers.push_back(
+        tuple({b.nbytes, static_cast<int64_t>(b.device.type()),
+               static_cast<int64_t>(b.device.index()), b.existed_before, b.live_after}));
   }
   auto nodes = anyList();
   for (const ir::Node& node : graph.nodes) nodes.push_back(encodeNode(node));
@@ -363,8 +364,8 @@ ir::Node decodeNode(const Field& f, const std::vector<ir::BufferInfo>& buffers) 
   for (size_t i = 0; i < fresh.size(); ++i) node.fresh_returns.push_back(fresh[i].boolean());
   node.source_index = static_cast<int32_t>(f[7].integer(0, std::numeric_limits<int32_t>::max()));
   if (f[8].boolean()) node.seed = 0;  // the run's seed comes from the graph as captured
-  node.generator_arg = static_cast<int32_t>(
-      f[9].integer(-1, static_cast<int64_t>(schema.arguments().size()) - 1));
+  node.generator_arg =
+      static_cast<int32_t>(f[9].integer(-1, static_cast<int64_t>(schema.arguments().size()) - 1));
   node.guard = decodeEnum(f[10], ir::Guard::kShape);
   const std::vector<int64_t> placement = decodeInts(f[11].sized(4));
   for (int64_t v : placement) {
@@ -382,7 +383,13 @@ ir::Node decodeNode(const Field& f, const std::vector<ir::BufferInfo>& buffers) 
     ir::Arg decoded;
     decoded.kind = decodeEnum(arg[0], ir::ArgKind::kRuntime);
     for (int64_t r : decodeInts(arg[2])) {
-      if (r < -1 || r >= num_inputs) arg[2].fail("refers to a missing input");
+      // A runtime argument's refs name a captured node and its argument,
+      // checked against the graph in checkFits.
+      if (decoded.kind == ir::ArgKind::kRuntime) {
+        if (r < 0 || r > std::numeric_limits<int32_t>::max()) arg[2].fail("is out of range");
+      } else if (r < -1 || r >= num_inputs) {
+        arg[2].fail("refers to a missing input");
+      }
       decoded.refs.push_back(static_cast<int32_t>(r));
     }
     decoded.optional_elements = arg[3].boolean();
@@ -399,7 +406,11 @@ ir::Node decodeNode(const Field& f, const std::vector<ir::BufferInfo>& buffers) 
         if (decoded.refs.size() != 1 || decoded.refs[0] < 0) arg[2].fail("is not one input");
         break;
       case ir::ArgKind::kTensorList:
+        break;
       case ir::ArgKind::kRuntime:  // its value is the captured graph's
+        if (!decoded.refs.empty() && decoded.refs.size() != 2) {
+          arg[2].fail("is not a captured node and argument");
+        }
         break;
     }
     node.args.push_back(std::move(decoded));
@@ -423,7 +434,8 @@ ir::Graph decodeGraph(const Field& f) {
     graph.buffers.push_back(info);
   }
   const Field nodes = f.at("nodes");
-  for (size_t n = 0; n < nodes.size(); ++n) graph.nodes.push_back(decodeNode(nodes[n], graph.buffers));
+  for (size_t n = 0; n < nodes.size(); ++n)
+    graph.nodes.push_back(decodeNode(nodes[n], graph.buffers));
   return graph;
 }
 
@@ -456,9 +468,9 @@ void checkConsistent(const Executable& exe, const Field& f) {
       f.fail("plans a buffer outside the graph as a temporary, or the reverse");
     }
     int64_t end = 0;
-    if (temporary && (exe.arena_offset[b] < 0 ||
-                      c10::add_overflows(exe.arena_offset[b], info.nbytes, &end) ||
-                      end > exe.arena_bytes)) {
+    if (temporary &&
+        (exe.arena_offset[b] < 0 || c10::add_overflows(exe.arena_offset[b], info.nbytes, &end) ||
+         end > exe.arena_bytes)) {
       f.fail("places a temporary outside its arena");
     }
   }
@@ -536,7 +548,8 @@ std::shared_ptr<const Executable> executableFromIValue(const c10::IValue& tree) 
     exe->roles.push_back(decodeEnum(roles[b], BufferRole::kScratch));
   }
   const Field flexible = f.at("flexible_layout");
-  for (size_t b = 0; b < flexible.size(); ++b) exe->flexible_layout.push_back(flexible[b].boolean());
+  for (size_t b = 0; b < flexible.size(); ++b)
+    exe->flexible_layout.push_back(flexible[b].boolean());
   const Field release_after = f.at("release_after");
   for (size_t n = 0; n < release_after.size(); ++n) {
     std::vector<ir::BufferId> released;
@@ -627,9 +640,17 @@ void checkFits(const Executable& exe, const ir::Graph& captured) {
            mine.existed_before == theirs.existed_before && mine.live_after == theirs.live_after;
   }
   TORCH_CHECK(fits, "not a valid executable entry: its buffers are not the graph's");
+  const auto num_nodes = static_cast<int32_t>(captured.nodes.size());
   for (const ir::Node& node : exe.program.nodes) {
-    TORCH_CHECK(node.source_index < static_cast<int32_t>(captured.nodes.size()),
+    TORCH_CHECK(node.source_index < num_nodes,
                 "not a valid executable entry: a node comes from beyond the graph");
+    for (const ir::Arg& arg : node.args) {
+      if (arg.kind != ir::ArgKind::kRuntime || arg.refs.empty()) continue;
+      TORCH_CHECK(arg.refs[0] < num_nodes &&
+                      arg.refs[1] < static_cast<int32_t>(captured.nodes[arg.refs[0]].args.size()) &&
+                      captured.nodes[arg.refs[0]].args[arg.refs[1]].kind == ir::ArgKind::kRuntime,
+                  "not a valid executable entry: a runtime argument comes from beyond the graph");
+    }
   }
 }
 

@@ -58,8 +58,12 @@ enum class Layout : uint8_t {
 
 struct Arg {
   ArgKind kind = ArgKind::kConstant;
-  c10::IValue value;               // kConstant and kRuntime
-  std::vector<int32_t> refs;       // kTensor and kTensorList
+  c10::IValue value;  // kConstant and kRuntime
+  // kTensor and kTensorList: see ArgKind. kRuntime: empty, the value is the
+  // same argument of the node's source node (Node::source_index) in the graph
+  // as captured; or {node, arg} for a node that a pass fused, whose value is
+  // argument `arg` of captured node `node`.
+  std::vector<int32_t> refs;
   bool optional_elements = false;  // kTensorList of Tensor?[]
   Layout layout = Layout::kAsIs;   // kTensor
 

@@ -1,16 +1,103 @@
+#include <algorithm>
+#include <optional>
 #include <string_view>
+#include <vector>
 
 #include "passes/passes.h"
 
 namespace poptorch::passes {
 namespace {
 
-bool is(const ir::Node& node, std::string_view name) {
+bool is(const ir::Node& node, std::string_view name, std::string_view overload = "") {
   const c10::OperatorName& op = node.op.operator_name();
-  return op.name == name && op.overload_name.empty();
+  return op.name == name && op.overload_name == overload;
+}
+
+bool touches(const ir::Node& node, ir::BufferId buffer) {
+  for (const ir::TensorRef& in : node.inputs) {
+    if (in.buffer == buffer) return true;
+  }
+  for (const ir::TensorRef& out : node.outputs) {
+    if (out.buffer == buffer) return true;
+  }
+  return std::find(node.writes.begin(), node.writes.end(), buffer) != node.writes.end();
+}
+
+bool writesAny(const ir::Node& node, const std::vector<ir::TensorRef>& refs) {
+  for (const ir::TensorRef& ref : refs) {
+    if (std::find(node.writes.begin(), node.writes.end(), ref.buffer) != node.writes.end()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The tensor argument `a` of `node`, or null if it is not one.
+const ir::TensorRef* tensorArg(const ir::Node& node, size_t a) {
+  if (a >= node.args.size() || node.args[a].kind != ir::ArgKind::kTensor) return nullptr;
+  return &node.inputs[node.args[a].refs[0]];
+}
+
+// The addmm that replaces `mm` (of `product`) and the add_ of `bias` after it,
+// if `add` is such an add_: product + alpha * bias = addmm(bias, mat1, mat2,
+// beta=alpha, alpha=1), with add_'s alpha read from the captured add_.
+std::optional<ir::Node> biasedProduct(const ir::Node& mm, const ir::Node& add,
+                                      const ir::TensorRef& product, int64_t nbytes) {
+  const ir::TensorRef* self = tensorArg(add, 0);
+  const ir::TensorRef* bias = tensorArg(add, 1);
+  if (!is(add, "aten::add_", "Tensor") || add.guard != ir::Guard::kNone || add.args.size() != 3 ||
+      self == nullptr || bias == nullptr || add.args[2].kind != ir::ArgKind::kRuntime ||
+      add.writes != std::vector<ir::BufferId>{product.buffer} || self->buffer != product.buffer ||
+      !self->coversWhole(nbytes) || self->sizes.empty() || self->sizes.back() != product.sizes[1] ||
+      bias->buffer == product.buffer || bias->dtype != product.dtype || bias->sizes.size() != 1 ||
+      bias->sizes[0] != product.sizes[1]) {
+    return std::nullopt;
+  }
+  static const c10::OperatorHandle addmm =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::addmm", "");
+  ir::Node fused(addmm);
+  fused.inputs = {*bias, mm.inputs[mm.args[0].refs[0]], mm.inputs[mm.args[1].refs[0]]};
+  ir::Arg beta = add.args[2];
+  beta.refs = {add.source_index, 2};
+  fused.args = {ir::Arg::tensor(0), ir::Arg::tensor(1), ir::Arg::tensor(2), std::move(beta),
+                ir::Arg::constant(int64_t{1})};
+  fused.outputs = {product};
+  fused.fresh_returns = {true};
+  fused.source_index = mm.source_index;
+  fused.placement = mm.placement;
+  return fused;
 }
 
 }  // namespace
+
+ir::Graph fuseMatmulBias(ir::Graph graph) {
+  std::vector<bool> keep(graph.nodes.size(), true);
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const ir::Node& mm = graph.nodes[i];
+    if (!is(mm, "aten::mm") || mm.guard != ir::Guard::kNone || mm.outputs.size() != 1 ||
+        mm.args.size() != 2 || mm.args[0].kind != ir::ArgKind::kTensor ||
+        mm.args[1].kind != ir::ArgKind::kTensor) {
+      continue;
+    }
+    const ir::TensorRef& product = mm.outputs[0];
+    const int64_t nbytes = graph.buffers[product.buffer].nbytes;
+    if (product.sizes.size() != 2 || !product.coversWhole(nbytes)) continue;
+    // The next node that touches the product; the fused node runs there, so
+    // the nodes before it must leave the matrices alone.
+    size_t j = i + 1;
+    while (j < graph.nodes.size() && !touches(graph.nodes[j], product.buffer) &&
+           !writesAny(graph.nodes[j], mm.inputs)) {
+      ++j;
+    }
+    if (j == graph.nodes.size()) continue;
+    std::optional<ir::Node> fused = biasedProduct(mm, graph.nodes[j], product, nbytes);
+    if (!fused) continue;
+    graph.nodes[j] = std::move(*fused);
+    keep[i] = false;
+  }
+  graph.keepNodes(keep);
+  return graph;
+}
 
 ir::Graph fuseMatmulActivations(ir::Graph graph) {
   // Per buffer: the one node that reads it (-1: none yet, -2: several), and

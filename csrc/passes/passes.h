@@ -17,6 +17,12 @@ ir::Graph eliminateDeadCode(ir::Graph graph);
 // effects whose results are temporaries and are never written afterwards are merged.
 ir::Graph eliminateCommonSubexpressions(ir::Graph graph);
 
+// Fuses a matrix product with the add_ of a bias vector that follows it (what
+// linear runs on an input it must reshape) into one addmm: the bias is added
+// in the product's pass. The addmm's beta is the add_'s alpha, read from the
+// captured add_ (see ir::Arg::refs of a runtime argument).
+ir::Graph fuseMatmulBias(ir::Graph graph);
+
 // Fuses an addmm with the relu that is the only reader of its result into one
 // _addmm_activation, as eager PyTorch's fused Transformer layers do: the relu
 // runs on the product while it is in cache, and the product's temporary goes.

@@ -109,12 +109,13 @@ class Run {
   // Runs node `index` of the program. A node whose kernel fails, or that reads
   // what a failed node computes, computes nothing: its results and the buffers
   // it writes carry the error instead of a value. Returns false if it failed.
-  bool node(size_t index, const ir::Node& source) {
+  bool node(size_t index, const ir::Graph& captured) {
+    const ir::Node& source = captured.nodes[exe_.program.nodes[index].source_index];
     const ir::Node& node = exe_.program.nodes[index];
     std::exception_ptr error = failedInput(node);
     if (!error) {
       try {
-        compute(index, node, source);
+        compute(index, node, source, captured);
       } catch (const GuardFailure&) {
         throw;  // the run never happened: see Program::runGuarded
       } catch (c10::Error& kernel_error) {
@@ -164,7 +165,8 @@ class Run {
     return nullptr;
   }
 
-  void compute(size_t index, const ir::Node& node, const ir::Node& source) {
+  void compute(size_t index, const ir::Node& node, const ir::Node& source,
+               const ir::Graph& captured) {
     stack_.clear();
     bool channels_last = false;  // some input is in channels-last layout
     bool planned = false;        // the compiler chose the layout of some input
@@ -175,7 +177,8 @@ class Run {
           stack_.push_back(arg.value);
           break;
         case ir::ArgKind::kRuntime:
-          stack_.push_back(source.args[a].value);
+          stack_.push_back(arg.refs.empty() ? source.args[a].value
+                                            : captured.nodes[arg.refs[0]].args[arg.refs[1]].value);
           break;
         case ir::ArgKind::kTensor: {
           const ir::TensorRef& ref = node.inputs[arg.refs[0]];
@@ -498,7 +501,7 @@ bool runRange(Run& run, const compiler::Executable& exe, const ir::Graph& captur
   for (size_t i = begin; i < end; ++i) {
     const ir::Node& source = captured.nodes[exe.program.nodes[i].source_index];
     const int64_t node_start = profiling ? profiling::now() : 0;
-    const bool ok = run.node(i, source);
+    const bool ok = run.node(i, captured);
     if (profiling) profiling::nodeRan(exe, i, source, node_start, profiling::now());
     all_ran = all_ran && ok;
     if (!ok && on_error == OnError::kStop) break;

@@ -260,6 +260,54 @@ TEST(Fusion, KeepsAProductSomethingElseObserves) {
   EXPECT_EQ(passes::fuseMatmulActivations(read_twice.b.graph).nodes.size(), 3u);
 }
 
+// product = mm(x, w) on [2, 3], then product.add_(bias, alpha) on a [1, 2, 3]
+// view of it, as linear runs on an input it reshapes.
+struct MatmulThenBias {
+  GraphBuilder b;
+  ir::BufferId x, w, bias, product;
+  MatmulThenBias() {
+    x = b.buffer(2 * 4, true);
+    w = b.buffer(4 * 3, true);
+    bias = b.buffer(3, true);
+    product = b.buffer(2 * 3, false, true);
+    b.binary(aten("aten::mm"), b.ref(x, {2, 4}), b.ref(w, {4, 3}), b.ref(product, {2, 3}));
+  }
+  void addBias() { b.addInPlace(b.ref(product, {1, 2, 3}), b.ref(bias, {3}), 0.5); }
+};
+
+TEST(Fusion, FusesAProductWithTheBiasAddedToItInPlace) {
+  MatmulThenBias g;
+  const auto other = g.b.buffer(4, false, true);
+  g.b.square(g.x, other);  // between the two: reads the matrix, writes elsewhere
+  g.addBias();
+  const ir::Graph fused = passes::fuseMatmulBias(g.b.graph);
+  ASSERT_EQ(names(fused), (std::vector<std::string>{"aten::mul.Tensor", "aten::addmm"}));
+  const ir::Node& addmm = fused.nodes[1];
+  EXPECT_EQ(addmm.source_index, 0);
+  ASSERT_EQ(addmm.inputs.size(), 3u);
+  EXPECT_EQ(addmm.inputs[0].buffer, g.bias);
+  EXPECT_EQ(addmm.inputs[1].buffer, g.x);
+  EXPECT_EQ(addmm.inputs[2].buffer, g.w);
+  EXPECT_EQ(addmm.outputs[0].buffer, g.product);
+  EXPECT_TRUE(addmm.writes.empty());
+  // beta is the add_'s alpha, read from the captured add_ (node 2).
+  ASSERT_EQ(addmm.args.size(), 5u);
+  EXPECT_EQ(addmm.args[3].kind, ir::ArgKind::kRuntime);
+  EXPECT_EQ(addmm.args[3].refs, (std::vector<int32_t>{2, 2}));
+  EXPECT_EQ(addmm.args[4].kind, ir::ArgKind::kConstant);
+}
+
+TEST(Fusion, KeepsAProductReadOrAMatrixWrittenBeforeTheBias) {
+  MatmulThenBias read;
+  read.b.square(read.product, read.b.buffer(6, false, true));
+  read.addBias();
+  EXPECT_EQ(passes::fuseMatmulBias(read.b.graph).nodes.size(), 3u);
+  MatmulThenBias written;
+  written.b.addInPlace(written.b.ref(written.x, {8}), written.b.ref(written.x, {8}), 1.0);
+  written.addBias();
+  EXPECT_EQ(passes::fuseMatmulBias(written.b.graph).nodes.size(), 3u);
+}
+
 TEST(ExecutableCache, FindsByKey) {
   auto& cache = compiler::ExecutableCache::get();
   cache.clear();
