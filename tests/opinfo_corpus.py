@@ -4,10 +4,11 @@ A *case* is one op (OpInfo name and variant) x one dtype x one direction:
 
 * ``forward``: the op's results on the ipu against the CPU's: values (with PyTorch's default
   tolerance for the dtype, or the op's own ``toleranceOverride``/``precisionOverride`` for
-  the CPU where larger), shapes, dtypes, the device, and the significant strides (of sizes
-  > 1), which decide whether a later ``.view()`` works.
+  the CPU where larger), shapes, dtypes, the device, and all strides (also of dims of size
+  1 and of empty tensors), which decide whether a later ``.view()`` works and which path
+  a later op takes.
 * ``backward`` (float32, ops that support autograd): ``torch.autograd.grad`` of the results
-  with the same cotangents, on the ipu against the CPU.
+  with the same cotangents, on the ipu against the CPU: values, shapes, dtypes and strides.
 
 Random ops (those that call an op tagged ``nondeterministic_seeded``) and the ops listed in
 ``tests/opinfo_expected_failures.toml`` as undefined on the CPU compare by shape and dtype.
@@ -260,15 +261,13 @@ def tolerance(op: OpInfo, dtype: torch.dtype) -> Dict[str, float]:
     return {"rtol": rtol, "atol": atol}
 
 
-def _significant_strides(t: torch.Tensor) -> Tuple[Tuple[int, int], ...]:
-    if t.numel() == 0 or t.layout != torch.strided:
-        return ()
-    return tuple((d, s) for d, (n, s) in enumerate(zip(t.shape, t.stride())) if n > 1)
+def _strides(t: torch.Tensor) -> Tuple[int, ...]:
+    return t.stride() if t.layout == torch.strided else ()
 
 
 def compare_layouts(expected: Any, actual: Any, check_strides: bool) -> None:
     """Raises AssertionError naming the first difference in structure, shapes, dtypes or
-    significant strides between two host results."""
+    strides between two host results."""
     exp, act = tensors_of(expected), tensors_of(actual)
     if type(expected) is not type(actual) and not (
             isinstance(expected, (tuple, list)) and isinstance(actual, (tuple, list))):
@@ -281,7 +280,7 @@ def compare_layouts(expected: Any, actual: Any, check_strides: bool) -> None:
         if e.shape != a.shape or e.dtype != a.dtype:
             raise AssertionError(f"{where}: {tuple(a.shape)} {a.dtype}, the CPU gives "
                                  f"{tuple(e.shape)} {e.dtype}")
-        if check_strides and _significant_strides(e) != _significant_strides(a):
+        if check_strides and _strides(e) != _strides(a):
             raise AssertionError(f"{where}: strides {a.stride()}, the CPU gives {e.stride()} "
                                  f"(shape {tuple(e.shape)})")
 
@@ -363,7 +362,7 @@ def check_sample(case: Case, sample: SampleInput, undefined: bool) -> Outcome:
         try:
             if "cpu" in devices:
                 raise AssertionError("a result is on the cpu, not the ipu")
-            compare_layouts(expected, actual, check_strides=case.direction == "forward")
+            compare_layouts(expected, actual, check_strides=True)
             if not undefined:
                 try:
                     compare_values(expected, actual, tolerance(case.op, case.dtype))

@@ -134,3 +134,42 @@ def test_max_unpool2d_of_strided_inputs_places_values_as_on_the_cpu(layout):
     else:  # every other plane
         pooled, indices = pooled[:, ::2], indices[:, ::2]
     check(lambda p, i: F.max_unpool2d(p, i, 2), pooled, indices)
+
+
+# Dims of size 1 with strides other than the contiguous ones, and empty tensors: PyTorch's
+# Python Meta kernels restride such results by their own rule, the CPU keeps self's strides
+# (empty_like) or orders them as TensorIterator does.
+SIZE_ONE_DIMS = torch.randn(12).as_strided((4, 1, 3), (3, 7, 1))
+EMPTY = torch.randn(3, 0).t()
+ODD_LAYOUT_OPS = {
+    "hardtanh": F.hardtanh,
+    "relu6": F.relu6,
+    "relu": F.relu,
+    "prelu": lambda x: F.prelu(x, torch.full((1,), 0.25, device=x.device)),
+    "leaky_relu": F.leaky_relu,
+    "gelu": F.gelu,
+    "softmax": lambda x: F.softmax(x, -1),
+    "batch_norm": lambda x: F.batch_norm(x, None, None, training=True),
+    "clone": torch.clone,
+    "mul": lambda x: x * x,
+}
+
+
+@pytest.mark.parametrize("layout", [SIZE_ONE_DIMS, EMPTY], ids=["size_one_dims", "empty"])
+@pytest.mark.parametrize("name", ODD_LAYOUT_OPS)
+def test_results_of_size_one_and_empty_dims_have_the_cpu_strides(name, layout):
+    if name == "batch_norm" and layout.numel() == 0:
+        pytest.skip("batch_norm of an empty batch makes float64 statistics on the CPU")
+    check(ODD_LAYOUT_OPS[name], layout)
+
+
+def test_pixel_unshuffle_of_a_single_channel_has_the_cpu_strides():
+    check(lambda x: F.pixel_unshuffle(x, 2), torch.randn(2, 1, 4, 6)[:, :, :, :4])
+
+
+def test_an_out_tensor_resized_from_size_one_dims_has_the_cpu_strides():
+    def run(t):
+        out = torch.empty(0, device=t.device)
+        torch.clamp(t, -1, 1, out=out)
+        return out
+    check(run, SIZE_ONE_DIMS)

@@ -13,6 +13,8 @@
 #include <optional>
 #include <string>
 #include <typeinfo>
+#include <variant>
+#include <vector>
 
 #include "common/default_generator.h"
 #include "common/ivalue_tensors.h"
@@ -132,10 +134,32 @@ struct Raised {
   bool same(const Raised& other) const { return *type == *other.type && message == other.message; }
 };
 
-// Runs the CPU kernel on stand-ins over `filler`.
-std::optional<Raised> runOnStandIns(const c10::OperatorHandle& op,
-                                    c10::ArrayRef<c10::IValue> arguments, const Extents& extents,
-                                    int filler) {
+std::optional<Layout> denseLayout(const at::Tensor& t) {
+  if (!t.defined() || !t.is_non_overlapping_and_dense()) return std::nullopt;
+  return layoutOf(t);
+}
+
+// The layouts of a run's results (on `stack`) and of its written arguments.
+CpuLayouts layoutsAfter(const torch::jit::Stack& stack, const std::vector<c10::IValue>& written) {
+  CpuLayouts layouts;
+  for (const c10::IValue& value : stack) {
+    std::vector<std::optional<Layout>>& tensors = layouts.returns.emplace_back();
+    forEachTensor(value, [&](const at::Tensor& t) { tensors.push_back(denseLayout(t)); });
+  }
+  layouts.written.resize(written.size());
+  for (size_t i = 0; i < written.size(); ++i) {
+    forEachTensor(written[i], [&](const at::Tensor& t) {
+      layouts.written[i].push_back(t.defined() ? std::optional<Layout>(layoutOf(t)) : std::nullopt);
+    });
+  }
+  return layouts;
+}
+
+// Runs the CPU kernel on stand-ins over `filler`: what it raised, or the
+// layouts it gave.
+std::variant<Raised, CpuLayouts> runOnStandIns(const c10::OperatorHandle& op,
+                                               c10::ArrayRef<c10::IValue> arguments,
+                                               const Extents& extents, int filler) {
   const auto& schema = op.schema();
   bool draws_from_default = op.hasTag(at::Tag::nondeterministic_seeded);
   DiscardWarnings discard;
@@ -145,6 +169,8 @@ std::optional<Raised> runOnStandIns(const c10::OperatorHandle& op,
     const StandIns stand_ins(extents, filler);
     torch::jit::Stack stack;
     stack.reserve(arguments.size());
+    // The written arguments' stand-ins, which the kernel may resize.
+    std::vector<c10::IValue> written(arguments.size());
     for (size_t i = 0; i < arguments.size(); ++i) {
       if (isGenerator(schema.arguments()[i])) {
         // Random numbers come from a generator of its own: the user's stay as
@@ -153,15 +179,17 @@ std::optional<Raised> runOnStandIns(const c10::OperatorHandle& op,
         draws_from_default = false;
       } else {
         stack.push_back(stand_ins.convert(arguments[i]));
+        const c10::AliasInfo* alias = schema.arguments()[i].alias_info();
+        if (alias && alias->isWrite()) written[i] = stack.back();
       }
     }
     std::optional<DefaultGeneratorBorrowed> default_generator;
     if (draws_from_default) default_generator.emplace();
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    return layoutsAfter(stack, written);
   } catch (const c10::Error& error) {
     return Raised{std::current_exception(), &typeid(error), error.msg(), aboutTheData(error)};
   }
-  return std::nullopt;
 }
 
 // Ops whose CPU kernel is PyTorch's own: an op of another namespace may act
@@ -177,20 +205,47 @@ bool checkable(const c10::OperatorHandle& op) {
 
 }  // namespace
 
-void checkAsCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
-  if (!checkable(op)) return;
+std::optional<CpuLayouts> checkAsCpuKernel(const c10::OperatorHandle& op,
+                                           c10::ArrayRef<c10::IValue> arguments) {
+  if (!checkable(op)) return std::nullopt;
   const std::optional<Extents> extents = StandIns::measure(arguments);
   if (!extents) {
     POPTORCH_LOG(kTrace) << op.operator_name()
                          << ": tensors too large to check as the CPU kernel at the call";
-    return;
+    return std::nullopt;
   }
   // The checks are capture's business: they stay out of the user's profiles.
   at::DisableRecordFunctionGuard not_profiled;
-  const std::optional<Raised> first = runOnStandIns(op, arguments, *extents, kFillers[0]);
-  if (!first || first->about_the_data) return;
-  const std::optional<Raised> second = runOnStandIns(op, arguments, *extents, kFillers[1]);
-  if (second && first->same(*second)) std::rethrow_exception(first->error);
+  auto first = runOnStandIns(op, arguments, *extents, kFillers[0]);
+  if (auto* layouts = std::get_if<CpuLayouts>(&first)) return std::move(*layouts);
+  const Raised& raised = std::get<Raised>(first);
+  if (raised.about_the_data) return std::nullopt;
+  auto second = runOnStandIns(op, arguments, *extents, kFillers[1]);
+  if (auto* layouts = std::get_if<CpuLayouts>(&second)) return std::move(*layouts);
+  if (raised.same(std::get<Raised>(second))) std::rethrow_exception(raised.error);
+  return std::nullopt;
+}
+
+void adoptCpuStrides(const CpuLayouts& cpu, MetaResult& result) {
+  auto adopt = [](const std::optional<Layout>& from, Layout& to, bool with_offset) {
+    if (!from || !to.defined || from->dtype != to.dtype || from->sizes != to.sizes) return;
+    to.strides = from->strides;
+    if (with_offset) to.offset = from->offset;
+  };
+  for (size_t r = 0; r < result.returns.size() && r < cpu.returns.size(); ++r) {
+    std::vector<Layout>& tensors = result.returns[r].tensors;
+    if (tensors.size() != cpu.returns[r].size()) continue;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      // Views and written arguments keep their layout: only fresh results.
+      if (tensors[i].storage < 0) adopt(cpu.returns[r][i], tensors[i], false);
+    }
+  }
+  for (size_t a = 0; a < result.written.size() && a < cpu.written.size(); ++a) {
+    if (result.written[a].size() != cpu.written[a].size()) continue;
+    for (size_t i = 0; i < result.written[a].size(); ++i) {
+      adopt(cpu.written[a][i], result.written[a][i], true);
+    }
+  }
 }
 
 }  // namespace poptorch::capture

@@ -12,15 +12,42 @@
 // both does not depend on the data, so the CPU raises it at the call: so does
 // the capture. What only the data decides (an index out of range, a singular
 // matrix) stays with the run, which poisons what the failed graph computes.
+//
+// The run that goes through also tells the layouts the CPU gives the results:
+// capture gives the ipu's results the same strides.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <optional>
+#include <vector>
+
+#include "capture/meta_inference.h"
+
 namespace poptorch::capture {
 
+// The layouts a run on stand-ins gave: per return, its tensors (nullopt for an
+// undefined one, or one that is not dense), and per argument, the tensors it
+// wrote (empty for the others) as the kernel left them.
+struct CpuLayouts {
+  std::vector<std::vector<std::optional<Layout>>> returns;
+  std::vector<std::vector<std::optional<Layout>>> written;
+};
+
 // Throws the error `op`'s CPU kernel raises for `arguments` whatever their
-// values are, if it raises one. The caller runs it once per signature of the
-// arguments (shapes, strides, dtypes, aliasing and non-tensor values).
-void checkAsCpuKernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments);
+// values are, if it raises one. Returns the layouts of a run that went
+// through, or nullopt if none did or none ran. The caller runs it once per
+// signature of the arguments (shapes, strides, dtypes, aliasing and
+// non-tensor values).
+std::optional<CpuLayouts> checkAsCpuKernel(const c10::OperatorHandle& op,
+                                           c10::ArrayRef<c10::IValue> arguments);
+
+// Gives the fresh results and the written arguments of `result` the strides
+// (and a written argument its offset) the CPU kernel gave them, where the
+// sizes and dtypes agree. PyTorch's Python Meta kernels make results with
+// their own rule (torch._prims_common's empty_like), which differs from the
+// CPU's for dims of size 1 and empty tensors, and so does their out= resizing;
+// the CPU's strides decide whether a later view() works.
+void adoptCpuStrides(const CpuLayouts& cpu, MetaResult& result);
 
 }  // namespace poptorch::capture

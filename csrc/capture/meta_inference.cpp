@@ -454,20 +454,24 @@ class FakeCpuInference {
   FakeCpuRunner runner_;
 };
 
-// The CPU kernel's own checks (cpu_checks.h), too slow for every call: once
-// per signature. A CPU kernel checks a float argument against 0 or 1 or another
-// argument (a probability, a standard deviation, from < to); otherwise its value
-// changes from call to call (a learning rate, Adam's bias corrections), so it
-// counts by its class, and a new learning rate is not checked again.
-void checkAsCpuKernelOnce(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+// The CPU kernel's own checks and layouts (cpu_checks.h), too slow for every
+// call: once per signature. A CPU kernel checks a float argument against 0 or
+// 1 or another argument (a probability, a standard deviation, from < to);
+// otherwise its value changes from call to call (a learning rate, Adam's bias
+// corrections), so it counts by its class, and a new learning rate is not
+// checked again. Layouts never depend on a float's value.
+const std::optional<CpuLayouts>& checkAsCpuKernelOnce(const c10::OperatorHandle& op,
+                                                      c10::ArrayRef<c10::IValue> arguments) {
   std::vector<int64_t> key;
   Signature signature(op, key, Signature::Floats::kByClass);
   for (const c10::IValue& value : arguments) signature.add(value);
-  thread_local absl::flat_hash_set<std::vector<int64_t>> checked;
-  if (checked.contains(signature.key())) return;
-  checkAsCpuKernel(op, arguments);  // throws what the CPU kernel raises
+  thread_local absl::flat_hash_map<std::vector<int64_t>, std::optional<CpuLayouts>> checked;
+  auto it = checked.find(key);
+  if (it != checked.end()) return it->second;
+  // Throws what the CPU kernel raises.
+  std::optional<CpuLayouts> layouts = checkAsCpuKernel(op, arguments);
   if (checked.size() >= kMaxCachedSignatures) checked.clear();
-  checked.insert(signature.key());
+  return checked.emplace(std::move(key), std::move(layouts)).first->second;
 }
 
 std::optional<MetaResult> runOnTwins(const c10::OperatorHandle& op,
@@ -596,7 +600,10 @@ std::shared_ptr<const MetaResult> inferMeta(const c10::OperatorHandle& op,
   if (!result) return nullptr;
   // Without a Meta answer the op runs on the host, which makes the CPU
   // kernel's checks itself.
-  if (keyed) checkAsCpuKernelOnce(op, arguments);
+  if (keyed) {
+    const std::optional<CpuLayouts>& cpu = checkAsCpuKernelOnce(op, arguments);
+    if (cpu) adoptCpuStrides(*cpu, *result);
+  }
   auto shared = std::make_shared<const MetaResult>(std::move(*result));
   if (cacheable) {
     if (cache.size() >= kMaxCachedSignatures) cache.clear();
