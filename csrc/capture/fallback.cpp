@@ -17,6 +17,7 @@
 #include "common/ivalue_tensors.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/storage_overlap.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
 #include "profiling/profiler.h"
@@ -138,21 +139,6 @@ void uploadHostConstants(const OpTraits& traits, torch::jit::Stack* stack) {
   }
 }
 
-// Whether `a` and `b` share bytes only in part, as at::get_overlap_status
-// decides (which reads data pointers, and ipu bytes may not exist yet): by
-// their byte extents in one storage.
-bool overlapInPart(const at::Tensor& a, const at::Tensor& b) {
-  if (a.is_same(b) || a.numel() == 0 || b.numel() == 0) return false;
-  if (!a.is_non_overlapping_and_dense() || !b.is_non_overlapping_and_dense()) return false;
-  if (!a.storage().is_alias_of(b.storage())) return false;
-  const int64_t a_begin = a.storage_offset() * a.itemsize();
-  const int64_t a_end = a_begin + a.numel() * a.itemsize();
-  const int64_t b_begin = b.storage_offset() * b.itemsize();
-  const int64_t b_end = b_begin + b.numel() * b.itemsize();
-  if (a_begin == b_begin && a_end == b_end) return !a.strides().equals(b.strides());
-  return a_begin < b_end && b_begin < a_end;
-}
-
 // A pointwise op's out= tensor that its result resizes: the CPU's
 // TensorIterator first refuses an out= tensor that overlaps an input, then
 // never resizes one that is also an input (only outputs written alone are
@@ -167,7 +153,7 @@ void checkResizedOut(const at::Tensor& out, const Layout& layout,
     if (!arguments[i].isTensor() || schema.arguments()[i].is_out()) continue;
     const at::Tensor& input = arguments[i].toTensor();
     if (!input.defined() || !input.is_ipu()) continue;
-    TORCH_CHECK(!overlapInPart(out, input),
+    TORCH_CHECK(storageOverlap(out, input) != at::MemOverlapStatus::Partial,
                 "unsupported operation: some elements of the input tensor and the written-to "
                 "tensor refer to a single memory location. Please clone() the tensor before "
                 "performing the operation.");

@@ -30,6 +30,7 @@
 #include "capture/pending_graph.h"
 #include "capture/step_capture.h"
 #include "common/metrics.h"
+#include "common/storage_overlap.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
 #include "profiling/profiler.h"
@@ -207,12 +208,6 @@ const c10::OperatorHandle& copyOp() {
   return op;
 }
 
-// Bytes [begin, end) of `t` in its storage, for a dense tensor.
-std::pair<int64_t, int64_t> byteRange(const at::Tensor& t) {
-  const int64_t begin = t.storage_offset() * static_cast<int64_t>(t.itemsize());
-  return {begin, begin + static_cast<int64_t>(t.nbytes())};
-}
-
 // The CPU's copy_ refuses a destination with several elements at one place,
 // or one sharing memory with a source that is not the very same view. Meta tensors have no memory
 // to compare, so capture checks the ipu tensors' storages (PyTorch's check reads data pointers,
@@ -222,18 +217,14 @@ void checkCopyOverlap(const at::Tensor& dst, const at::Tensor& src) {
               "unsupported operation: more than one element of the written-to tensor refers to "
               "a single memory location. Please clone() the tensor before performing the "
               "operation.");
-  if (dst.numel() == 0 || src.numel() == 0 || !dst.storage().is_alias_of(src.storage()) ||
-      !dst.is_non_overlapping_and_dense() || !src.is_non_overlapping_and_dense()) {
-    return;
-  }
+  const at::MemOverlapStatus overlap = storageOverlap(dst, src);
+  if (overlap == at::MemOverlapStatus::No || overlap == at::MemOverlapStatus::TooHard) return;
   // Copying a tensor onto itself does nothing; any other overlap is refused.
-  const bool same_data = dst.storage_offset() == src.storage_offset() &&
-                         dst.sizes().equals(src.sizes()) && dst.strides().equals(src.strides()) &&
-                         dst.scalar_type() == src.scalar_type() && dst.is_conj() == src.is_conj() &&
-                         dst.is_neg() == src.is_neg();
-  const auto [dst_begin, dst_end] = byteRange(dst);
-  const auto [src_begin, src_end] = byteRange(src);
-  TORCH_CHECK(same_data || dst_end <= src_begin || src_end <= dst_begin,
+  const bool same_data =
+      overlap == at::MemOverlapStatus::Full && dst.storage_offset() == src.storage_offset() &&
+      dst.sizes().equals(src.sizes()) && dst.scalar_type() == src.scalar_type() &&
+      dst.is_conj() == src.is_conj() && dst.is_neg() == src.is_neg();
+  TORCH_CHECK(same_data,
               "unsupported operation: some elements of the input tensor and the written-to "
               "tensor refer to a single memory location. Please clone() the tensor before "
               "performing the operation.");
