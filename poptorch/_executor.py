@@ -433,7 +433,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         with self._lookup_scope(), _ipu_memory.deferred_capacity_check():
             first = self._capture_programs(progress)
         strategy = self._strategy()
-        self._peaks = {name: _ipu_memory.peaks(program, strategy)
+        self._peaks = {name: _ipu_memory.peaks(program, strategy,
+                                               self._options.available_memory_proportion)
                        for name, program in (("step", first), ("update", self._update))
                        if program is not None}
         try:

@@ -56,16 +56,20 @@ def place_weights(program: "_C.Program", weights: Iterable[torch.Tensor],
             _C.account_on(tensor, ipu, streamed)
 
 
-def peaks(program: "_C.Program", strategy: _ExecutionStrategy) -> List[int]:
+def peaks(program: "_C.Program", strategy: _ExecutionStrategy,
+          available_memory: Dict[int, float]) -> List[int]:
     """The modelled peak per IPU of a run of ``program`` beyond what each IPU
     holds: its temporaries (with the activations of every micro-batch in
-    flight in a pipeline), and in phased execution the streamed weights of
-    each phase."""
+    flight in a pipeline), the working memory of its matmuls (bounded by
+    ``available_memory``, Options.setAvailableMemoryProportion by IPU, or by
+    poptorch.set_available_memory), and in phased execution the streamed
+    weights of each phase."""
+    proportions = [available_memory.get(ipu, 0.0) for ipu in range(_C.device_count())]
     if strategy.streaming is not None:
-        return program.phased_peaks(int(strategy.streaming))
+        return program.phased_peaks(int(strategy.streaming), proportions)
     if strategy.pipelined:
-        return program.pipelined_peaks()
-    return program.temporary_peaks()
+        return program.pipelined_peaks(proportions)
+    return program.sequential_peaks(proportions)
 
 
 def check_fits(program_peaks: Iterable[List[int]], strategy: _ExecutionStrategy) -> None:
@@ -81,7 +85,7 @@ def check_fits(program_peaks: Iterable[List[int]], strategy: _ExecutionStrategy)
         return
     if strategy.streaming is None:
         held_what = "weights, optimiser state and other tensors"
-        peak_what = "activations at the peak"
+        peak_what = "activations and matmul working memory at the peak"
         advice = ("Split the model over more IPUs with poptorch.BeginBlock / poptorch.Block "
                   "(each block's weights and activations live on its IPU), use phased "
                   "execution (poptorch.SerialPhasedExecution: weights in streaming memory, "
@@ -89,7 +93,8 @@ def check_fits(program_peaks: Iterable[List[int]], strategy: _ExecutionStrategy)
                   "POPTORCH_IPU_MEMORY_MB.")
     else:
         held_what = "tensors kept on the IPU"
-        peak_what = "weights streamed in and activations at the peak of a phase"
+        peak_what = ("weights streamed in, activations and matmul working memory at the peak "
+                     "of a phase")
         advice = ("Split the model into more phases (each brings in only its blocks' "
                   "weights), send activations off the chip between phases "
                   "(setTensorsLiveness(poptorch.Liveness.OffChipAfterFwd or "
@@ -100,4 +105,7 @@ def check_fits(program_peaks: Iterable[List[int]], strategy: _ExecutionStrategy)
         f"{held_what}, {peak / _MIB:.1f} MiB of {peak_what}) of {capacity / _MIB:.1f} MiB"
         f"{'  <- does not fit' if held + peak > capacity else ''}"
         for ipu, held, peak, capacity in needs if held + peak > 0)
-    raise Error("IPU out of memory: the model does not fit its IPUs.\n" + lines + "\n" + advice)
+    raise Error("IPU out of memory: the model does not fit its IPUs.\n" + lines + "\n" + advice +
+                " A large matmul needs less working memory computed in parts "
+                "(poptorch.serializedMatMul) or with a lower available memory proportion "
+                "(poptorch.set_available_memory, Options.setAvailableMemoryProportion).")

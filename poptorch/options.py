@@ -64,7 +64,6 @@ _NOT_HONOURED: Dict[str, Tuple[Callable[[Any], bool], str]] = {
     "sourceLocationExcludes": (
         lambda excludes: tuple(excludes) == _DEFAULT_LOCATION_EXCLUDES,
         "errors name the first frame outside torch and poptorch"),
-    "setAvailableMemoryProportion": (_never, "host kernels have no tile memory to share"),
     "enableStableNorm": (_only(True), "the host's norm kernels are the stable ones"),
     "Training.setConvolutionDithering": (_only(False), "the emulator has no tiles"),
     "Precision.enableStochasticRounding": (_only(False), "rounding is to nearest"),
@@ -792,7 +791,9 @@ class Options(_Settings):
                                      ) -> Options:
         """Proportion of each IPU's tile memory that convolutions and matmuls
         may use for temporaries, as ``{"IPU0": 0.5}``: a value above 0 and at
-        most 1 per IPU."""
+        most 1 per IPU (PopLibs' default: 0.6). The memory model bounds the
+        working memory of each matmul by it (see the user guide's "Memory per
+        IPU"); convolutions are not modelled."""
         proportions = {}
         for key, value in dict(available_memory_proportion).items():
             if not isinstance(key, str) or not key.startswith("IPU") or not key[3:].isdigit():
@@ -802,8 +803,7 @@ class Options(_Settings):
                 raise Error(f"setAvailableMemoryProportion: {key} must map to a proportion "
                             f"above 0 and at most 1, got {value!r}")
             proportions[int(key[3:])] = float(value)
-        return self._set_not_honoured("setAvailableMemoryProportion",
-                                      "available_memory_proportion", proportions)
+        return self._set("available_memory_proportion", proportions)
 
     def enableStableNorm(self, enabled: bool) -> Options:
         """Use the stable, slower form of norm operators."""

@@ -407,8 +407,6 @@ def messages(log):
     (lambda o: o._Popart.set("autoRecomputation", 3),
      ("_Popart.options", {"autoRecomputation": 3}), "_Popart.set('autoRecomputation', 3)"),
     (lambda o: o.enableStableNorm(False), ("stable_norm", False), "enableStableNorm(False)"),
-    (lambda o: o.setAvailableMemoryProportion({"IPU1": 0.25}),
-     ("available_memory_proportion", {1: 0.25}), "setAvailableMemoryProportion({1: 0.25})"),
     (lambda o: o.appendToLocationExcludes("my_lib"),
      ("source_location_excludes", ("/torch/", "/poptorch/", "my_lib")),
      "sourceLocationExcludes(['/torch/', '/poptorch/', 'my_lib'])"),

@@ -86,6 +86,22 @@ ir::TensorRef PendingGraph::refOfResult(const at::Tensor& tensor) {
   return ir::TensorRef::of(tensor, addBuffer(tensor, /*existed_before=*/false));
 }
 
+bool PendingGraph::planMatMul(const at::Tensor& result,
+                              const std::function<void(ir::MatMulPlan&)>& change) {
+  auto it = ids_.find(result.storage().unsafeGetStorageImpl());
+  if (it == ids_.end()) return false;
+  for (auto node = graph_.nodes.rbegin(); node != graph_.nodes.rend(); ++node) {
+    const bool made =
+        std::any_of(node->outputs.begin(), node->outputs.end(),
+                    [&](const ir::TensorRef& out) { return out.buffer == it->second; });
+    if (!made) continue;
+    if (!node->isMatMul()) return false;
+    change(node->matmul);
+    return true;
+  }
+  return false;
+}
+
 void PendingGraph::noteResize(const c10::StorageImpl* storage) {
   auto it = ids_.find(storage);
   if (it != ids_.end()) graph_.buffers[it->second].nbytes = static_cast<int64_t>(storage->nbytes());

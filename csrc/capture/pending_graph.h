@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <absl/container/flat_hash_map.h>
 
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -41,6 +42,11 @@ class PendingGraph {
   bool references(const c10::StorageImpl* storage) const { return ids_.contains(storage); }
   // Records that a registered storage grew (out= arguments, resize_).
   void noteResize(const c10::StorageImpl* storage);
+
+  // Changes the plan of the pending matrix multiplication that made
+  // `result`'s buffer (poptorch.serializedMatMul, poptorch.set_available_memory);
+  // false when no pending matmul made it.
+  bool planMatMul(const at::Tensor& result, const std::function<void(ir::MatMulPlan&)>& change);
 
   // Appends a node; runs the graph when it grows past POPTORCH_MAX_GRAPH_NODES.
   // A guard node records where the user's code read the value it guards.

@@ -11,6 +11,7 @@
 #include <torch/headeronly/version.h>
 
 #include <bit>
+#include <bit>
 #include <cstring>
 #include <functional>
 #include <string_view>
@@ -21,7 +22,7 @@ namespace poptorch::compiler {
 namespace {
 
 // Bumped whenever the trees below change.
-constexpr int64_t kFormatVersion = 2;
+constexpr int64_t kFormatVersion = 3;
 
 // --- the build ----------------------------------------------------------------
 
@@ -182,7 +183,10 @@ c10::IValue encodeNode(const ir::Node& node) {
                 std::move(outputs), ints(node.writes), bools(node.fresh_returns), node.source_index,
                 node.seed.has_value(), node.generator_arg, static_cast<int64_t>(node.guard),
                 ints(std::vector<int32_t>{node.placement.block, node.placement.stage,
-                                          node.placement.phase, node.placement.ipu})});
+                                          node.placement.phase, node.placement.ipu}),
+                ints(std::vector<int64_t>{static_cast<int64_t>(node.matmul.split),
+                                          node.matmul.factor,
+                                          std::bit_cast<uint32_t>(node.matmul.available_memory)})});
 }
 
 c10::IValue encodeGraph(const ir::Graph& graph) {
@@ -346,7 +350,7 @@ c10::IValue decodeConstant(const Field& f) {
 }
 
 ir::Node decodeNode(const Field& f, const std::vector<ir::BufferInfo>& buffers) {
-  f.sized(12);
+  f.sized(13);
   ir::Node node(decodeOperator(f[0], f[1]));
   const c10::FunctionSchema& schema = node.op.schema();
   const Field inputs = f[3];
@@ -375,6 +379,12 @@ ir::Node decodeNode(const Field& f, const std::vector<ir::BufferInfo>& buffers) 
   }
   node.placement = {static_cast<int32_t>(placement[0]), static_cast<int32_t>(placement[1]),
                     static_cast<int32_t>(placement[2]), static_cast<int32_t>(placement[3])};
+  const Field plan = f[12].sized(3);
+  node.matmul.split = decodeEnum(plan[0], ir::MatMulPlan::Split::kOutputChannels);
+  node.matmul.factor =
+      static_cast<int32_t>(plan[1].integer(1, std::numeric_limits<int32_t>::max()));
+  node.matmul.available_memory =
+      std::bit_cast<float>(static_cast<uint32_t>(plan[2].integer(0, UINT32_MAX)));
 
   const Field args = f[2].sized(schema.arguments().size());
   const auto num_inputs = static_cast<int64_t>(node.inputs.size());

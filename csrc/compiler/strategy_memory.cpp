@@ -50,10 +50,67 @@ class ByNodeAndIpu {
 
 }  // namespace
 
-std::vector<int64_t> pipelinedPeakBytes(const Executable& exe) {
+int64_t matMulWorkingBytes(const ir::Node& node, int32_t ipu, const MatMulMemory& memory) {
+  if (!node.isMatMul()) return 0;
+  const auto [lhs, rhs] = node.matMulOperands();
+  if (lhs->sizes.size() < 2 || rhs->sizes.size() < 2) return 0;
+  int64_t batch = 1;
+  for (size_t d = 0; d + 2 < lhs->sizes.size(); ++d) batch *= lhs->sizes[d];
+  int64_t m = lhs->sizes[lhs->sizes.size() - 2];
+  int64_t k = lhs->sizes.back();
+  int64_t n = rhs->sizes.back();
+  const int64_t factor = std::max<int64_t>(1, node.matmul.factor);
+  switch (node.matmul.split) {
+    case ir::MatMulPlan::Split::kInputChannels:
+      m /= factor;
+      break;
+    case ir::MatMulPlan::Split::kReducingDim:
+      k /= factor;
+      break;
+    case ir::MatMulPlan::Split::kOutputChannels:
+      n /= factor;
+      break;
+    case ir::MatMulPlan::Split::kNone:
+      break;
+  }
+  const int64_t bytes =
+      batch * (m * k * static_cast<int64_t>(c10::elementSize(lhs->dtype)) +
+               k * n * static_cast<int64_t>(c10::elementSize(rhs->dtype)) + m * n * 4);
+  // Not above 0: unset (set_available_memory stores a proportion of 0 as the
+  // smallest float above it, which bounds the same).
+  double proportion = node.matmul.available_memory;
+  if (proportion <= 0 && static_cast<size_t>(ipu) < memory.available_memory.size()) {
+    proportion = memory.available_memory[static_cast<size_t>(ipu)];
+  }
+  if (proportion <= 0) proportion = 0.6;
+  const auto bound = static_cast<int64_t>(proportion * static_cast<double>(memory.capacity));
+  return std::min(bytes, bound);
+}
+
+namespace {
+
+// The IPU a node runs on (the one of its first result's memory outside blocks).
+int32_t ipuOfNode(const ir::Graph& program, const ir::Node& node) {
+  return node.outputs.empty() ? std::max(0, node.placement.ipu)
+                              : ipuOfUse(program, node, node.outputs.front().buffer);
+}
+
+// The working memory of `exe`'s matmuls, each while it runs.
+void addMatMuls(const Executable& exe, const MatMulMemory& memory, ByNodeAndIpu& bytes) {
+  for (size_t i = 0; i < exe.program.nodes.size(); ++i) {
+    const ir::Node& node = exe.program.nodes[i];
+    const int32_t ipu = ipuOfNode(exe.program, node);
+    if (const int64_t working = matMulWorkingBytes(node, ipu, memory); working > 0) {
+      bytes.add(ipu, i, i, working);
+    }
+  }
+}
+
+// Peaks of temporaries run one micro-batch at a time, or (with `stages`, the
+// pipeline stage of each node) as a pipeline.
+std::vector<int64_t> temporaryPeaks(const Executable& exe, const std::vector<int32_t>* stages,
+                                    const MatMulMemory& memory) {
   const ir::Graph& program = exe.program;
-  const std::optional<std::vector<int32_t>> stages = assignPipelineStages(program);
-  if (pipelineStages(program).empty()) return exe.peak_temporary_bytes;
   std::vector<int64_t> first(program.buffers.size(), -1);
   std::vector<int64_t> last(program.buffers.size(), -1);
   for (size_t i = 0; i < program.nodes.size(); ++i) {
@@ -63,6 +120,7 @@ std::vector<int64_t> pipelinedPeakBytes(const Executable& exe) {
     });
   }
   ByNodeAndIpu bytes(program.nodes.size());
+  addMatMuls(exe, memory, bytes);
   std::vector<int64_t> stashed;  // per IPU
   for (size_t b = 0; b < program.buffers.size(); ++b) {
     const auto id = static_cast<ir::BufferId>(b);
@@ -70,7 +128,7 @@ std::vector<int64_t> pipelinedPeakBytes(const Executable& exe) {
     const auto from = static_cast<size_t>(first[b]);
     const auto to = static_cast<size_t>(last[b]);
     const int32_t ipu = ipuOfUse(program, program.nodes[from], id);
-    const int32_t copies = (*stages)[to] - (*stages)[from] + 1;
+    const int32_t copies = stages == nullptr ? 1 : (*stages)[to] - (*stages)[from] + 1;
     if (copies == 1) {
       bytes.add(ipu, from, to, program.buffers[b].nbytes);
     } else {
@@ -82,6 +140,18 @@ std::vector<int64_t> pipelinedPeakBytes(const Executable& exe) {
   peaks.resize(std::max(peaks.size(), stashed.size()), 0);
   for (size_t d = 0; d < stashed.size(); ++d) peaks[d] += stashed[d];
   return peaks;
+}
+
+}  // namespace
+
+std::vector<int64_t> sequentialPeakBytes(const Executable& exe, const MatMulMemory& memory) {
+  return temporaryPeaks(exe, nullptr, memory);
+}
+
+std::vector<int64_t> pipelinedPeakBytes(const Executable& exe, const MatMulMemory& memory) {
+  if (pipelineStages(exe.program).empty()) return temporaryPeaks(exe, nullptr, memory);
+  const std::optional<std::vector<int32_t>> stages = assignPipelineStages(exe.program);
+  return temporaryPeaks(exe, &*stages, memory);
 }
 
 RunPhases runPhases(const ir::Graph& program) {
@@ -121,7 +191,7 @@ RunPhases runPhases(const ir::Graph& program) {
 }
 
 std::vector<int64_t> phasedPeakBytes(const Executable& exe, const std::vector<bool>& streamed,
-                                     Liveness liveness) {
+                                     Liveness liveness, const MatMulMemory& memory) {
   const ir::Graph& program = exe.program;
   const size_t num_nodes = program.nodes.size();
   const RunPhases phases = runPhases(program);
@@ -135,6 +205,7 @@ std::vector<int64_t> phasedPeakBytes(const Executable& exe, const std::vector<bo
   }
 
   ByNodeAndIpu bytes(num_nodes);
+  addMatMuls(exe, memory, bytes);
   // Streamed buffers: on an IPU for the whole of each phase that uses them there.
   absl::flat_hash_set<std::pair<size_t, std::pair<ir::BufferId, int32_t>>> loaded;
   std::vector<std::vector<size_t>> uses_of(program.buffers.size());  // temporaries

@@ -53,15 +53,36 @@ struct RunPhases {
 };
 RunPhases runPhases(const ir::Graph& program);
 
-// Per IPU: the peak bytes of the temporaries of `exe` run as a pipeline; its
-// planMemory peak when it has fewer than two pipeline stages.
-std::vector<int64_t> pipelinedPeakBytes(const Executable& exe);
+// Matrix multiplications: while one runs, its IPU needs temporaries beyond
+// its operands and result, as PopLibs plans them: its operands rearranged
+// for the tiles and float32 partials of its result, batch x (M K + K N) x
+// the operands' element size + batch x M N x 4 bytes for [M, K] x [K, N].
+// poptorch.serializedMatMul computes it in `factor` parts one after another,
+// so the dimension it splits (InputChannels: M, ReducingDim: K,
+// OutputChannels: N) counts 1/factor; the planner keeps the temporaries
+// within the available memory proportion of the IPU's memory
+// (poptorch.set_available_memory on the result, else the model's
+// Options.setAvailableMemoryProportion for the IPU, else PopLibs' 0.6).
+struct MatMulMemory {
+  std::vector<double> available_memory;  // per IPU; 0 (or none): PopLibs' 0.6
+  int64_t capacity = 0;                  // bytes of each IPU
+};
+int64_t matMulWorkingBytes(const ir::Node& node, int32_t ipu, const MatMulMemory& memory);
+
+// Per IPU: the peak bytes of the temporaries of `exe` run one micro-batch at
+// a time (and of its matmuls' working memory).
+std::vector<int64_t> sequentialPeakBytes(const Executable& exe, const MatMulMemory& memory);
+
+// Per IPU: the peak bytes of the temporaries of `exe` run as a pipeline (and
+// of its matmuls' working memory); sequentialPeakBytes when it has fewer than
+// two pipeline stages.
+std::vector<int64_t> pipelinedPeakBytes(const Executable& exe, const MatMulMemory& memory);
 
 // Per IPU: the peak bytes a phased run of `exe` needs on it: in each phase,
 // the streamed buffers (`streamed[b]`) its nodes on that IPU use, plus the
 // temporaries on the chip at each node. A temporary counts on the IPU of the
-// node that makes it (as in planMemory).
+// node that makes it (as in planMemory). Matmuls add their working memory.
 std::vector<int64_t> phasedPeakBytes(const Executable& exe, const std::vector<bool>& streamed,
-                                     Liveness liveness);
+                                     Liveness liveness, const MatMulMemory& memory);
 
 }  // namespace poptorch::compiler

@@ -43,6 +43,37 @@ std::string Node::name() const {
 
 bool Node::isNondeterministic() const { return op.hasTag(at::Tag::nondeterministic_seeded); }
 
+namespace {
+
+// The argument index of a matrix multiplication's lhs (its rhs follows), or -1.
+int matMulLhsArg(const c10::OperatorName& name) {
+  if (!name.overload_name.empty() && name.overload_name != "default") return -1;
+  if (name.name == "aten::mm" || name.name == "aten::bmm") return 0;
+  if (name.name == "aten::addmm" || name.name == "aten::baddbmm" ||
+      name.name == "aten::_addmm_activation") {
+    return 1;
+  }
+  return -1;
+}
+
+}  // namespace
+
+bool Node::isMatMul() const {
+  const int lhs = matMulLhsArg(op.operator_name());
+  if (lhs < 0 || args.size() < static_cast<size_t>(lhs) + 2 || outputs.size() != 1) return false;
+  for (int a : {lhs, lhs + 1}) {
+    const Arg& arg = args[static_cast<size_t>(a)];
+    if (arg.kind != ArgKind::kTensor || arg.refs.empty() || arg.refs[0] < 0) return false;
+  }
+  return true;
+}
+
+std::pair<const TensorRef*, const TensorRef*> Node::matMulOperands() const {
+  const auto lhs = static_cast<size_t>(matMulLhsArg(op.operator_name()));
+  return {&inputs[static_cast<size_t>(args[lhs].refs[0])],
+          &inputs[static_cast<size_t>(args[lhs + 1].refs[0])]};
+}
+
 bool Node::hasHostEffects() const {
   // Guards check a value and have no effect when they hold.
   if (guard != Guard::kNone) return false;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace poptorch::ir {
@@ -96,6 +97,20 @@ struct Placement {
   bool operator==(const Placement& other) const = default;
 };
 
+// How the IPU plans a matrix multiplication's temporary memory, as
+// poptorch.serializedMatMul and poptorch.set_available_memory ask (see
+// compiler/strategy_memory.h): computed in `factor` parts along `split`, its
+// temporaries bounded by `available_memory` of the IPU's memory (negative:
+// the model's Options.setAvailableMemoryProportion, else PopLibs' 0.6).
+struct MatMulPlan {
+  enum class Split : uint8_t { kNone, kInputChannels, kReducingDim, kOutputChannels };
+  Split split = Split::kNone;
+  int32_t factor = 1;
+  float available_memory = -1;
+
+  bool operator==(const MatMulPlan& other) const = default;
+};
+
 struct Node {
   c10::OperatorHandle op;
   std::vector<Arg> args;
@@ -120,6 +135,7 @@ struct Node {
   // in order; they must recur too. Runtime data: not hashed.
   std::vector<c10::IValue> observed;
   Placement placement;
+  MatMulPlan matmul;  // matrix multiplications only
   // The name scope it was captured in (profiling::pushScope), or -1: how
   // reports name it. Not hashed.
   int32_t scope = -1;
@@ -127,6 +143,10 @@ struct Node {
   explicit Node(c10::OperatorHandle handle) : op(std::move(handle)) {}
   std::string name() const;
   bool isNondeterministic() const;
+  // aten::mm, bmm, addmm, baddbmm or _addmm_activation (see matMulOperands).
+  bool isMatMul() const;
+  // A matrix multiplication's operands, as read: (lhs, rhs).
+  std::pair<const TensorRef*, const TensorRef*> matMulOperands() const;
   // True for an op that acts on the host beyond its results: any op outside
   // ATen's namespaces (poptorch's printing and host callbacks, users' custom
   // ops, whose kernels may run Python), except poptorch's fused kernels

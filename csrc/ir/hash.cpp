@@ -83,6 +83,10 @@ uint64_t structuralHash(const Graph& graph) {
     // Blocks decide where a node runs and whose memory it takes.
     const Placement& at = node.placement;
     for (int32_t v : {at.block, at.stage, at.phase, at.ipu}) h = hashCombine(h, v + 2);
+    // A matmul's plan decides its modelled memory.
+    h = hashCombine(h, static_cast<uint64_t>(node.matmul.split));
+    h = hashCombine(h, static_cast<uint64_t>(node.matmul.factor));
+    h = hashCombine(h, std::bit_cast<uint32_t>(node.matmul.available_memory));
     for (const Arg& arg : node.args) {
       h = hashCombine(h, static_cast<uint64_t>(arg.kind));
       switch (arg.kind) {

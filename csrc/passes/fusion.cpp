@@ -146,6 +146,7 @@ ir::Graph fuseMatmulActivations(ir::Graph graph) {
     fused.fresh_returns = {true};
     fused.source_index = node.source_index;
     fused.placement = node.placement;
+    fused.matmul = node.matmul;
     node = std::move(fused);
     keep[r] = false;  // the relu, now part of the fused node
   }

@@ -341,17 +341,24 @@ PYBIND11_MODULE(_C, m) {
            "(op, block, stage, phase, ipu) of each node of the compiled program.")
       .def("temporary_peaks", &runtime::Program::peakTemporaryBytes,
            "Modelled peak bytes of temporaries, per IPU.")
+      .def("sequential_peaks", &runtime::Program::sequentialPeakBytes,
+           py::arg("available_memory"),
+           "Modelled peak bytes of temporaries per IPU of a run (with matmuls' working "
+           "memory, bounded by the available memory proportion of each IPU).")
       .def("pipelined_peaks", &runtime::Program::pipelinedPeakBytes,
+           py::arg("available_memory"),
            "Modelled peak bytes of temporaries per IPU of a pipelined run (with the "
            "activations of every micro-batch in flight).")
       .def(
           "phased_peaks",
-          [](const runtime::Program& program, int liveness) {
+          [](const runtime::Program& program, int liveness,
+             const std::vector<double>& available_memory) {
             TORCH_CHECK_VALUE(liveness >= 0 && liveness <= 3, "no poptorch.Liveness has value ",
                               liveness);
-            return program.phasedPeakBytes(static_cast<compiler::Liveness>(liveness));
+            return program.phasedPeakBytes(static_cast<compiler::Liveness>(liveness),
+                                           available_memory);
           },
-          py::arg("liveness"),
+          py::arg("liveness"), py::arg("available_memory"),
           "Modelled peak bytes per IPU of a phased run (streamed weights and activations).")
       .def(
           "ipu_of_first_use",
@@ -367,6 +374,35 @@ PYBIND11_MODULE(_C, m) {
       py::arg("tensor"), py::arg("ipu"), py::arg("streamed") = false,
       "Counts the tensor's storage in the memory of ipu `ipu`, or in the streaming memory "
       "attached to it (its device is unchanged).");
+  m.def(
+      "serialize_matmul",
+      [](const at::Tensor& result, int split, int factor) {
+        TORCH_CHECK_VALUE(split >= 0 && split <= 3 && factor >= 1, "invalid matmul split");
+        capture::PendingGraph& graph = capture::PendingGraph::get();
+        auto lock = graph.lock();
+        return graph.planMatMul(result, [&](ir::MatMulPlan& plan) {
+          plan.split = static_cast<ir::MatMulPlan::Split>(split);
+          plan.factor = factor;
+        });
+      },
+      py::arg("result"), py::arg("split"), py::arg("factor"),
+      "The pending matmul that made `result` is computed in `factor` parts along `split` "
+      "(poptorch.serializedMatMul); False if no pending matmul made it.");
+  m.def(
+      "set_matmul_available_memory",
+      [](const at::Tensor& result, double proportion) {
+        TORCH_CHECK_VALUE(proportion >= 0 && proportion <= 1, "invalid proportion");
+        capture::PendingGraph& graph = capture::PendingGraph::get();
+        auto lock = graph.lock();
+        return graph.planMatMul(result, [&](ir::MatMulPlan& plan) {
+          // Above 0: ir::MatMulPlan's unset values are not (0 bounds as this does).
+          plan.available_memory =
+              std::max(static_cast<float>(proportion), std::numeric_limits<float>::denorm_min());
+        });
+      },
+      py::arg("result"), py::arg("proportion"),
+      "The pending matmul that made `result` keeps its temporaries within `proportion` of "
+      "its IPU's memory (poptorch.set_available_memory); False if no pending matmul made it.");
   m.def("streaming_memory_allocated", &device::streamingMemoryAllocated, py::arg("ipu"),
         "Bytes in the streaming memory attached to ipu `ipu` (phased execution's weights).");
   m.def("defer_capacity_check", &device::deferCapacityCheck, py::arg("deferred"),

@@ -121,12 +121,32 @@ void Program::countRun(double seconds) const {
   if (exchanged_bytes_ != 0) Metrics::get().bytesBetweenIpus(exchanged_bytes_);
 }
 
-std::vector<int64_t> Program::phasedPeakBytes(compiler::Liveness liveness) const {
+namespace {
+
+compiler::MatMulMemory matMulMemory(const std::vector<double>& available_memory) {
+  return {available_memory, device::memoryCapacity(0)};
+}
+
+}  // namespace
+
+std::vector<int64_t> Program::sequentialPeakBytes(
+    const std::vector<double>& available_memory) const {
+  return compiler::sequentialPeakBytes(*executable_, matMulMemory(available_memory));
+}
+
+std::vector<int64_t> Program::pipelinedPeakBytes(
+    const std::vector<double>& available_memory) const {
+  return compiler::pipelinedPeakBytes(*executable_, matMulMemory(available_memory));
+}
+
+std::vector<int64_t> Program::phasedPeakBytes(compiler::Liveness liveness,
+                                              const std::vector<double>& available_memory) const {
   std::vector<bool> streamed(external_.size(), false);
   for (size_t b = 0; b < external_.size(); ++b) {
     streamed[b] = external_[b] != nullptr && device::isStreamed(*external_[b]);
   }
-  return compiler::phasedPeakBytes(*executable_, streamed, liveness);
+  return compiler::phasedPeakBytes(*executable_, streamed, liveness,
+                                   matMulMemory(available_memory));
 }
 
 int Program::ipuOfFirstUse(const c10::StorageImpl* storage) const {

@@ -69,14 +69,15 @@ class Program {
   const std::vector<int64_t>& peakTemporaryBytes() const {
     return executable_->peak_temporary_bytes;
   }
-  // Modelled peak of temporary memory per IPU of a pipelined run
-  // (compiler::pipelinedPeakBytes).
-  std::vector<int64_t> pipelinedPeakBytes() const {
-    return compiler::pipelinedPeakBytes(*executable_);
-  }
+  // Modelled peak of temporary memory per IPU (with matmuls' working memory,
+  // bounded by `available_memory` per IPU, see compiler::MatMulMemory) of a
+  // run one micro-batch at a time, and of a pipelined run.
+  std::vector<int64_t> sequentialPeakBytes(const std::vector<double>& available_memory) const;
+  std::vector<int64_t> pipelinedPeakBytes(const std::vector<double>& available_memory) const;
   // Modelled peak per IPU of a phased run (compiler::phasedPeakBytes): the
   // storages accounted in streaming memory are brought in per phase.
-  std::vector<int64_t> phasedPeakBytes(compiler::Liveness liveness) const;
+  std::vector<int64_t> phasedPeakBytes(compiler::Liveness liveness,
+                                       const std::vector<double>& available_memory) const;
   // The IPU of the first node that uses `storage` (in a model split over IPUs,
   // the IPU of that node's block), or -1 when no node uses it.
   int ipuOfFirstUse(const c10::StorageImpl* storage) const;

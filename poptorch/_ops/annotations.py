@@ -12,6 +12,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import _C
 from .._errors import Error
 from .._logging import logger
 from ..enums import MatMulSerializationMode, MultiConvPlanType, OverlapMode
@@ -50,8 +51,10 @@ def nop(tensor: torch.Tensor) -> torch.Tensor:
 def set_available_memory(tensor: torch.Tensor,
                          available_memory_proportion: float) -> torch.Tensor:
     """Sets the proportion of tile memory the op producing ``tensor`` may use
-    for temporaries (between 0 and 1). Returns ``tensor``. The emulator plans no
-    tiles: the value is checked and has no effect."""
+    for temporaries (between 0 and 1). Returns ``tensor``. The memory model
+    bounds a matrix multiplication's working memory by it (in a wrapped
+    model's compile-time check); values are unchanged, and other ops
+    (convolutions, embeddings) are not modelled."""
     if not isinstance(tensor, torch.Tensor):
         raise Error("You may only set available memory for torch.Tensor values; "
                     f"{type(tensor).__name__} is not supported")
@@ -59,7 +62,10 @@ def set_available_memory(tensor: torch.Tensor,
             0.0 <= available_memory_proportion <= 1.0):
         raise Error("set_available_memory: available_memory_proportion must be between 0 "
                     f"and 1, got {available_memory_proportion!r}")
-    _log_once("poptorch.set_available_memory", "it plans no tile memory")
+    if not (tensor.device.type == "ipu" and
+            _C.set_matmul_available_memory(tensor, float(available_memory_proportion))):
+        _log_once("poptorch.set_available_memory on an op other than a pending ipu matmul",
+                  "only matrix multiplications' memory is modelled")
     return tensor
 
 
@@ -89,13 +95,20 @@ def set_overlap_for_output(output_tensors: Any, mode: OverlapMode) -> Any:
     return _set_overlap(output_tensors, mode, "output")
 
 
+# ir::MatMulPlan::Split of each mode.
+_SPLITS = {MatMulSerializationMode.InputChannels: 1, MatMulSerializationMode.ReducingDim: 2,
+           MatMulSerializationMode.OutputChannels: 3}
+
+
 def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor, mode: MatMulSerializationMode,
                      factor: int = 0, keep_precision: bool = False) -> torch.Tensor:
     """``lhs @ rhs``, which PopTorch computes as ``factor`` smaller products
     split along the dimension ``mode`` names (``InputChannels``: the rows of
     ``lhs``, ``ReducingDim``: the reduced dimension, ``OutputChannels``: the
     columns of ``rhs``), to use less memory. ``factor`` must divide that
-    dimension. The emulator computes the product whole: the value is the same."""
+    dimension. The emulator computes the product whole (the value is the
+    same); the memory model counts the working memory of one part (see the
+    user guide's "Memory per IPU")."""
     if not isinstance(mode, MatMulSerializationMode):
         raise Error(f"serializedMatMul: mode must be a poptorch.MatMulSerializationMode, got "
                     f"{mode!r}")
@@ -111,7 +124,10 @@ def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor, mode: MatMulSerializa
         if factor < 1 or size % factor != 0:
             raise Error(f"serializedMatMul: the factor ({factor}) must divide the dimension "
                         f"{mode.name} splits (the {size} {name})")
-    return torch.matmul(lhs, rhs)
+    result = torch.matmul(lhs, rhs)
+    if mode != MatMulSerializationMode.Disabled and result.device.type == "ipu":
+        _C.serialize_matmul(result, _SPLITS[mode], factor)
+    return result
 
 
 def recomputationCheckpoint(*tensors: Any) -> Any:

@@ -22,7 +22,7 @@ using testing::GraphBuilder;
 TEST(Serialization, EveryFieldIsKnown) {
   EXPECT_EQ(sizeof(ir::TensorRef), 136u) << "ir::TensorRef has a new field";
   EXPECT_EQ(sizeof(ir::Arg), 56u) << "ir::Arg has a new field";
-  EXPECT_EQ(sizeof(ir::Node), 232u) << "ir::Node has a new field";
+  EXPECT_EQ(sizeof(ir::Node), 240u) << "ir::Node has a new field";
   EXPECT_EQ(sizeof(ir::BufferInfo), 16u) << "ir::BufferInfo has a new field";
   EXPECT_EQ(sizeof(ir::Graph), 88u) << "ir::Graph has a new field";
   EXPECT_EQ(sizeof(compiler::Executable), 296u) << "compiler::Executable has a new field";
@@ -59,6 +59,7 @@ ir::Graph sampleGraph() {
   random.seed = 1234;
   random.generator_arg = 3;
   random.placement = {2, 1, 0, 3};  // block 2: stage 1, phase 0, ipu 3
+  random.matmul = {ir::MatMulPlan::Split::kReducingDim, 4, 0.25f};  // a matmul's, kept as it is
   random.deterministic = true;
   random.observed = {c10::IValue(int64_t{3})};
   b.append(std::move(random));
@@ -122,6 +123,7 @@ void expectSameNode(const ir::Node& a, const ir::Node& b) {
   EXPECT_EQ(a.generator_arg, b.generator_arg);
   EXPECT_EQ(a.guard, b.guard);
   EXPECT_EQ(a.placement, b.placement);
+  EXPECT_EQ(a.matmul, b.matmul);
   // Run data: the deterministic-algorithms setting and observed values.
   EXPECT_FALSE(b.deterministic || b.deterministic_warn_only);
   EXPECT_TRUE(b.observed.empty());

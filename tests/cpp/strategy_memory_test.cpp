@@ -10,6 +10,9 @@ namespace {
 using compiler::Liveness;
 using testing::GraphBuilder;
 
+// The graphs here have no matmul.
+const compiler::MatMulMemory kNoMatMuls{};
+
 // Three model stages in phases 0, 1 and 2 on ipu 0, trained: the forward
 // (a0 = x w0, a1 = a0 w1, a2 = a1 w2) and the backward (g2 = a2 w2, h1 = g2 w1,
 // g1 = h1 + a1, g0 = g1 + a0, out = g0 w0). Weights are streamed; each
@@ -44,7 +47,7 @@ struct Model {
 
   int64_t peak(Liveness liveness) const {
     const auto exe = compiler::compile(b.graph, 1);
-    return compiler::phasedPeakBytes(*exe, streamed, liveness).at(0);
+    return compiler::phasedPeakBytes(*exe, streamed, liveness, kNoMatMuls).at(0);
   }
 };
 
@@ -81,7 +84,7 @@ TEST(PhasedMemory, OnlyStreamedBuffersAreBroughtInEachOncePerPhase) {
   const Model model(3000);
   const auto exe = compiler::compile(model.b.graph, 1);
   const std::vector<bool> none(model.streamed.size(), false);
-  EXPECT_EQ(compiler::phasedPeakBytes(*exe, none, Liveness::kAlwaysLive).at(0), 1024);
+  EXPECT_EQ(compiler::phasedPeakBytes(*exe, none, Liveness::kAlwaysLive, kNoMatMuls).at(0), 1024);
   EXPECT_EQ(model.peak(Liveness::kAlwaysLive), 12000 + 1024);  // w2 once in phase 2
 }
 
@@ -106,8 +109,24 @@ TEST(PipelinedMemory, AStageKeepsTheActivationsOfEveryMicroBatchInFlight) {
   // a0 lives from pipeline stage 0 to 2: 3 micro-batches' copies on ipu 0,
   // beside g0 (used within stage 2). g1 goes from stage 1 to 2: 2 copies on
   // ipu 1, beside a1 (used within stage 1).
-  EXPECT_EQ(compiler::pipelinedPeakBytes(*exe),
+  EXPECT_EQ(compiler::pipelinedPeakBytes(*exe, kNoMatMuls),
             (std::vector<int64_t>{3 * 256 + 256, 2 * 256 + 256}));
+}
+
+TEST(MatMulMemory, OperandsRearrangedAndPartialsOfTheResult) {
+  GraphBuilder b;
+  const auto x = b.buffer(32 * 64, true), w = b.buffer(64 * 128, true);
+  const auto y = b.buffer(32 * 128, false, true);
+  ir::Node& mm = b.binary(testing::aten("aten::mm", ""), GraphBuilder::ref(x, {32, 64}),
+                          GraphBuilder::ref(w, {64, 128}), GraphBuilder::ref(y, {32, 128}));
+  ASSERT_TRUE(mm.isMatMul());
+  const compiler::MatMulMemory memory{{}, 900 << 20};
+  EXPECT_EQ(compiler::matMulWorkingBytes(mm, 0, memory), (32 * 64 + 64 * 128 + 32 * 128) * 4);
+  const auto exe = compiler::compile(b.graph, 1);
+  ASSERT_EQ(exe->program.nodes.size(), 1u);
+  EXPECT_TRUE(exe->program.nodes[0].isMatMul());
+  EXPECT_EQ(compiler::sequentialPeakBytes(*exe, memory),
+            std::vector<int64_t>{(32 * 64 + 64 * 128 + 32 * 128) * 4});
 }
 
 }  // namespace
