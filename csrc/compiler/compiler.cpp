@@ -89,6 +89,7 @@ std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key) 
   findGuardedWrites(*exe);
   planMemory(*exe);
   chooseOutVariants(*exe);
+  exe->dependencies = nodeDependencies(*exe);
   POPTORCH_LOG(kDebug) << "compiled graph " << std::hex << key << std::dec << ": "
                        << graph.nodes.size() << " nodes captured, " << exe->program.nodes.size()
                        << " after optimisation";

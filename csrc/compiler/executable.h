@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "compiler/node_dependencies.h"
 #include "ir/graph.h"
 
 namespace poptorch::compiler {
@@ -46,6 +47,9 @@ struct Executable {
   // buffers that nodes up to the last guard write in place.
   bool has_guards = false;
   std::vector<ir::BufferId> guarded_writes;
+  // Which nodes may run at the same time (derived from the above, not stored
+  // in serialised executables).
+  NodeDependencies dependencies;
 };
 
 // Optimises `graph` and plans it. `key` is its structural hash.

@@ -592,6 +592,7 @@ std::shared_ptr<const Executable> executableFromIValue(const c10::IValue& tree) 
     exe->guarded_writes.push_back(static_cast<ir::BufferId>(guarded[i].integer(0, last_buffer)));
   }
   checkConsistent(*exe, f);
+  exe->dependencies = nodeDependencies(*exe);
   return exe;
 }
 

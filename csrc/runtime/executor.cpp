@@ -11,6 +11,8 @@
 #include <c10/core/TensorImpl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 
 #include "common/default_generator.h"
 #include "common/ivalue_tensors.h"
@@ -19,6 +21,7 @@
 #include "profiling/profiler.h"
 #include "runtime/arena.h"
 #include "runtime/guard_failure.h"
+#include "runtime/inter_op.h"
 
 namespace poptorch::runtime {
 namespace {
@@ -84,13 +87,29 @@ class DeterministicAlgorithmsAsCalled {
   bool changed_;
 };
 
+// What one node's call needs of its own: each thread running nodes has one.
+struct Frame {
+  torch::jit::Stack stack;
+  // The tensors the kernel writes as out= arguments (see Run::noteWritten).
+  struct Written {
+    at::Tensor tensor;
+    const ir::TensorRef* ref;
+    const void* data;
+    size_t nbytes;
+  };
+  std::vector<Written> written;
+};
+
+// One run of a program. Nodes that do not depend on each other (see
+// compiler::NodeDependencies) may run at the same time, each with a Frame of
+// its own: they touch distinct elements of the per-buffer state.
 class Run {
  public:
   Run(const compiler::Executable& exe, const std::vector<c10::StorageImpl*>& storages,
       uint64_t seed_salt)
       : exe_(exe),
         host_(exe.program.buffers.size()),
-        channels_last_(exe.program.buffers.size(), false),
+        channels_last_(exe.program.buffers.size(), 0),
         failed_(exe.program.buffers.size()),
         seed_salt_(seed_salt),
         arena_(ArenaPool::get().acquire(exe.arena_bytes)) {
@@ -109,13 +128,13 @@ class Run {
   // Runs node `index` of the program. A node whose kernel fails, or that reads
   // what a failed node computes, computes nothing: its results and the buffers
   // it writes carry the error instead of a value. Returns false if it failed.
-  bool node(size_t index, const ir::Graph& captured) {
+  bool node(size_t index, const ir::Graph& captured, Frame& f) {
     const ir::Node& source = captured.nodes[exe_.program.nodes[index].source_index];
     const ir::Node& node = exe_.program.nodes[index];
     std::exception_ptr error = failedInput(node);
     if (!error) {
       try {
-        compute(index, node, source, captured);
+        compute(index, node, source, captured, f);
       } catch (const GuardFailure&) {
         throw;  // the run never happened: see Program::runGuarded
       } catch (c10::Error& kernel_error) {
@@ -127,7 +146,6 @@ class Run {
         error = std::current_exception();
       }
     }
-    for (ir::BufferId b : exe_.release_after[index]) host_[b] = c10::Storage();
     if (!error) {
       // A fresh result is computed whole: whatever error its buffer held is gone.
       for (const ir::TensorRef& out : node.outputs) failed_[out.buffer] = nullptr;
@@ -135,8 +153,18 @@ class Run {
     }
     for (const ir::TensorRef& out : node.outputs) failed_[out.buffer] = error;
     for (ir::BufferId w : node.writes) failed_[w] = error;
-    if (!first_error_) first_error_ = error;
+    std::lock_guard<std::mutex> lock(first_error_mutex_);
+    if (!first_error_ || index < first_error_node_) {
+      first_error_ = error;
+      first_error_node_ = index;
+    }
     return false;
+  }
+
+  // Frees the temporaries whose last use is node `index`, once it and every
+  // node before it that uses them have run.
+  void release(size_t index) {
+    for (ir::BufferId b : exe_.release_after[index]) host_[b] = c10::Storage();
   }
 
   // After the run: the ipu storages whose value it could not compute are
@@ -166,62 +194,63 @@ class Run {
   }
 
   void compute(size_t index, const ir::Node& node, const ir::Node& source,
-               const ir::Graph& captured) {
-    stack_.clear();
+               const ir::Graph& captured, Frame& f) {
+    torch::jit::Stack& stack = f.stack;
+    stack.clear();
     bool channels_last = false;  // some input is in channels-last layout
     bool planned = false;        // the compiler chose the layout of some input
     for (size_t a = 0; a < node.args.size(); ++a) {
       const ir::Arg& arg = node.args[a];
       switch (arg.kind) {
         case ir::ArgKind::kConstant:
-          stack_.push_back(arg.value);
+          stack.push_back(arg.value);
           break;
         case ir::ArgKind::kRuntime:
-          stack_.push_back(arg.refs.empty() ? source.args[a].value
-                                            : captured.nodes[arg.refs[0]].args[arg.refs[1]].value);
+          stack.push_back(arg.refs.empty() ? source.args[a].value
+                                           : captured.nodes[arg.refs[0]].args[arg.refs[1]].value);
           break;
         case ir::ArgKind::kTensor: {
           const ir::TensorRef& ref = node.inputs[arg.refs[0]];
-          stack_.push_back(input(ref, arg.layout));
+          stack.push_back(input(ref, arg.layout));
           channels_last = channels_last || arg.layout == ir::Layout::kChannelsLast ||
                           (arg.layout == ir::Layout::kAsIs && channels_last_[ref.buffer]);
           planned = planned || arg.layout != ir::Layout::kAsIs;
           break;
         }
         case ir::ArgKind::kTensorList:
-          stack_.push_back(tensorList(node, arg));
+          stack.push_back(tensorList(node, arg));
           break;
       }
     }
-    if (channels_last && !planned) matchChannelsLast(node);
+    if (channels_last && !planned) matchChannelsLast(node, stack);
     const std::optional<c10::OperatorHandle>& out_variant = exe_.out_variant[index];
-    if (out_variant) stack_.push_back(output(node.outputs[0]));
+    if (out_variant) stack.push_back(output(node.outputs[0]));
     const c10::OperatorHandle& op = out_variant ? *out_variant : node.op;
     const DeterministicAlgorithmsAsCalled deterministic(source);
-    noteWritten(node, op);
+    noteWritten(node, op, f);
     try {
       if (source.seed && node.generator_arg >= 0) {
-        stack_[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(seedOf(source));
-        call(op);
+        stack[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(seedOf(source));
+        call(op, stack);
       } else if (source.seed) {
         // A random op without a generator argument draws from the default one.
         const DefaultGeneratorBorrowed seeded(seedOf(source));
-        call(op);
+        call(op, stack);
       } else {
-        call(op);
+        call(op, stack);
       }
     } catch (GuardFailure& failure) {
       failure.node = node.source_index;
       throw;
     }
-    for (const Written& w : written_) settle(w);
+    for (const Frame::Written& w : f.written) settle(w);
 
-    if (node.guard == ir::Guard::kShape) checkObserved(node, source);
+    if (node.guard == ir::Guard::kShape) checkObserved(node, source, stack);
     // An out= kernel has written its result in place; other results are placed.
     if (out_variant) {
-      checkPredicted(node, node.outputs[0], stack_.back().toTensor());
+      checkPredicted(node, node.outputs[0], stack.back().toTensor());
     } else {
-      placeResults(node);
+      placeResults(node, stack);
     }
   }
 
@@ -231,9 +260,10 @@ class Run {
 
   // An op whose results depend on the data must return the non-tensor values
   // it returned when the step was captured (shapes are checked in place()).
-  void checkObserved(const ir::Node& node, const ir::Node& source) const {
+  static void checkObserved(const ir::Node& node, const ir::Node& source,
+                            const torch::jit::Stack& stack) {
     size_t next = 0;
-    for (const c10::IValue& value : stack_) {
+    for (const c10::IValue& value : stack) {
       if (value.isTensor() || value.isTensorList()) continue;
       if (next < source.observed.size() &&
           c10::_fastEqualsForContainer(value, source.observed[next++])) {
@@ -246,11 +276,11 @@ class Run {
     }
   }
 
-  void placeResults(const ir::Node& node) {
+  void placeResults(const ir::Node& node, const torch::jit::Stack& stack) {
     size_t next_output = 0;
-    for (size_t r = 0; r < stack_.size(); ++r) {
+    for (size_t r = 0; r < stack.size(); ++r) {
       if (!node.fresh_returns[r]) continue;
-      forEachTensor(stack_[r], [&](const at::Tensor& result) {
+      forEachTensor(stack[r], [&](const at::Tensor& result) {
         if (!result.defined()) return;
         TORCH_INTERNAL_ASSERT(next_output < node.outputs.size(), node.name(),
                               " returned more tensors than captured");
@@ -259,11 +289,11 @@ class Run {
     }
   }
 
-  void call(const c10::OperatorHandle& op) {
+  static void call(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     // Redispatching skips the dispatcher's own profiling hook: record the
     // node here so torch.profiler shows what an ipu program spends its time on.
-    RECORD_FUNCTION(op.schema(), c10::ArrayRef<const c10::IValue>(stack_.data(), stack_.size()));
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+    RECORD_FUNCTION(op.schema(), c10::ArrayRef<const c10::IValue>(stack.data(), stack.size()));
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
   }
 
   // The bytes of buffer b: an ipu storage, or a temporary's place in the
@@ -294,33 +324,27 @@ class Run {
     return out;
   }
 
-  // A tensor a kernel writes as an out= argument, where capture placed its
-  // result, and the bytes it had before the call.
-  struct Written {
-    at::Tensor tensor;
-    const ir::TensorRef* ref;
-    const void* data;
-    size_t nbytes;
-  };
-
-  void noteWritten(const ir::Node& node, const c10::OperatorHandle& op) {
-    written_.clear();
+  // Notes each tensor the kernel writes as an out= argument, where capture
+  // placed its result, and the bytes it had before the call.
+  static void noteWritten(const ir::Node& node, const c10::OperatorHandle& op, Frame& f) {
+    const torch::jit::Stack& stack = f.stack;
+    f.written.clear();
     const auto& arguments = op.schema().arguments();
     auto note = [&](const at::Tensor& tensor, const ir::TensorRef& ref) {
       const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-      written_.push_back({tensor, &ref, storage->data(), storage->nbytes()});
+      f.written.push_back({tensor, &ref, storage->data(), storage->nbytes()});
     };
     for (size_t a = 0; a < arguments.size(); ++a) {
       if (!arguments[a].is_out()) continue;
       if (a == node.args.size()) {  // the out= argument of the chosen out variant
-        note(stack_[a].toTensor(), node.outputs[0]);
+        note(stack[a].toTensor(), node.outputs[0]);
         continue;
       }
       const ir::Arg& arg = node.args[a];
       if (arg.kind == ir::ArgKind::kTensor) {
-        note(stack_[a].toTensor(), node.inputs[arg.refs[0]]);
+        note(stack[a].toTensor(), node.inputs[arg.refs[0]]);
       } else if (arg.kind == ir::ArgKind::kTensorList) {
-        const auto& list = stack_[a].toListRef();
+        const auto& list = stack[a].toListRef();
         for (size_t e = 0; e < list.size(); ++e) {
           if (arg.refs[e] >= 0) note(list[e].toTensor(), node.inputs[arg.refs[e]]);
         }
@@ -333,7 +357,7 @@ class Run {
   // (mse_loss). Growing past the buffer moves the storage to new memory, and any
   // resize may change the strides: the result then goes back into the buffer,
   // in the layout capture promised, and the storage gets its bytes back.
-  void settle(const Written& w) {
+  void settle(const Frame::Written& w) {
     const ir::TensorRef& ref = *w.ref;
     c10::StorageImpl* storage = w.tensor.storage().unsafeGetStorageImpl();
     const bool moved = storage->data() != w.data;
@@ -361,7 +385,7 @@ class Run {
   // arrange it, but they ran at capture, when every tensor was contiguous. So
   // once one input is channels-last, the others follow, unless the node
   // writes to them.
-  void matchChannelsLast(const ir::Node& node) {
+  void matchChannelsLast(const ir::Node& node, torch::jit::Stack& stack) {
     for (size_t a = 0; a < node.args.size(); ++a) {
       const ir::Arg& arg = node.args[a];
       if (arg.kind != ir::ArgKind::kTensor) continue;
@@ -370,7 +394,7 @@ class Run {
           std::find(node.writes.begin(), node.writes.end(), ref.buffer) != node.writes.end()) {
         continue;
       }
-      stack_[a] = inLayout(stack_[a].toTensor(), ref, ir::Layout::kChannelsLast);
+      stack[a] = inLayout(stack[a].toTensor(), ref, ir::Layout::kChannelsLast);
     }
   }
 
@@ -480,44 +504,87 @@ class Run {
   std::vector<c10::Storage> host_;
   // Per flexible-layout buffer: its producer's result was kept in
   // channels-last layout in this run.
-  std::vector<bool> channels_last_;
+  // (Bytes, not bits: nodes running at once write elements of their own.)
+  std::vector<uint8_t> channels_last_;
   // Per buffer: the error that keeps it from holding a value, or null.
   std::vector<std::exception_ptr> failed_;
-  std::exception_ptr first_error_;
+  std::mutex first_error_mutex_;
+  std::exception_ptr first_error_;  // of the earliest node in program order that failed
+  size_t first_error_node_ = 0;
   uint64_t seed_salt_;
   ArenaPool::Lease arena_;
-  torch::jit::Stack stack_;
-  std::vector<Written> written_;  // by the current node
 };
 
-// Runs nodes [begin, end) of `exe`; false if one failed and `on_error` stops the run.
-bool runRange(Run& run, const compiler::Executable& exe, const ir::Graph& captured, size_t begin,
-              size_t end, OnError on_error) {
+// Runs node i of `exe` with `frame`, timed for profile reports when `profiling`.
+bool runNode(Run& run, const compiler::Executable& exe, const ir::Graph& captured, size_t i,
+             Frame& frame, bool profiling) {
+  const ir::Node& source = captured.nodes[exe.program.nodes[i].source_index];
+  const int64_t node_start = profiling ? profiling::now() : 0;
+  const bool ok = run.node(i, captured, frame);
+  if (profiling) profiling::nodeRan(exe, i, source, node_start, profiling::now());
+  return ok;
+}
+
+// Runs nodes [begin, end) of `exe` in program order; false if one failed and
+// `on_error` stops the run.
+bool runRange(Run& run, Frame& frame, const compiler::Executable& exe, const ir::Graph& captured,
+              size_t begin, size_t end, OnError on_error) {
   // Kernels run on plain CPU tensors: no autograd or view tracking is wanted.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   // Timing each node costs only while a profile report is being made.
   const bool profiling = profiling::enabled();
   bool all_ran = true;
   for (size_t i = begin; i < end; ++i) {
-    const ir::Node& source = captured.nodes[exe.program.nodes[i].source_index];
-    const int64_t node_start = profiling ? profiling::now() : 0;
-    const bool ok = run.node(i, captured);
-    if (profiling) profiling::nodeRan(exe, i, source, node_start, profiling::now());
+    const bool ok = runNode(run, exe, captured, i, frame, profiling);
+    run.release(i);
     all_ran = all_ran && ok;
     if (!ok && on_error == OnError::kStop) break;
   }
   return all_ran;
 }
 
+// Runs `exe` segment by segment (compiler::NodeDependencies): a node that runs
+// alone on the calling thread, its kernel on every core; the nodes of a longer
+// segment on two threads, each kernel on one. A temporary whose last use in
+// program order is in a segment is freed after the whole segment: a node
+// before that use may still be reading it.
+void runSegments(Run& run, const compiler::Executable& exe, const ir::Graph& captured,
+                 OnError on_error) {
+  // (The other thread takes on the calling thread's state, this included.)
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const bool profiling = profiling::enabled();
+  Frame frames[2];
+  for (const compiler::NodeDependencies::Segment& segment : exe.dependencies.segments) {
+    std::atomic<bool> failed{false};
+    if (segment.end - segment.begin == 1) {
+      failed = !runNode(run, exe, captured, segment.begin, frames[0], profiling);
+    } else {
+      runSegmentOnTwoThreads(
+          exe.dependencies, segment, on_error == OnError::kStop, [&](size_t i, int thread) {
+            const bool ok = runNode(run, exe, captured, i, frames[thread], profiling);
+            if (!ok) failed.store(true, std::memory_order_relaxed);
+            return ok;
+          });
+    }
+    for (int32_t i = segment.begin; i < segment.end; ++i) run.release(static_cast<size_t>(i));
+    if (failed && on_error == OnError::kStop) return;
+  }
+}
+
 }  // namespace
 
 std::exception_ptr execute(const compiler::Executable& exe, const ir::Graph& captured,
                            const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt,
-                           OnError on_error) {
+                           OnError on_error, bool inter_op) {
   Run run(exe, storages, seed_salt);
   const bool profiling = profiling::enabled();
   const int64_t start = profiling ? profiling::now() : 0;
-  runRange(run, exe, captured, 0, exe.program.nodes.size(), on_error);
+  if (inter_op && exe.dependencies.parallel() && interOpAvailable()) {
+    runSegments(run, exe, captured, on_error);
+  } else {
+    Frame frame;
+    runRange(run, frame, exe, captured, 0, exe.program.nodes.size(), on_error);
+  }
   if (profiling) profiling::programRan(exe, start, profiling::now());
   return run.settlePoison(storages);
 }
@@ -532,6 +599,7 @@ class StagedRun::Impl {
   const ir::Graph& captured;
   const std::vector<c10::StorageImpl*>& storages;
   Run run;
+  Frame frame;
   bool failed = false;
 };
 
@@ -544,7 +612,8 @@ StagedRun& StagedRun::operator=(StagedRun&&) noexcept = default;
 
 bool StagedRun::runNodes(size_t begin, size_t end) {
   if (impl_->failed) return false;
-  impl_->failed = !runRange(impl_->run, impl_->exe, impl_->captured, begin, end, OnError::kStop);
+  impl_->failed =
+      !runRange(impl_->run, impl_->frame, impl_->exe, impl_->captured, begin, end, OnError::kStop);
   return !impl_->failed;
 }
 

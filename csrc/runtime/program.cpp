@@ -1,8 +1,11 @@
 #include "runtime/program.h"
 
+#include <ATen/Context.h>
+
 #include <algorithm>
 #include <chrono>
 
+#include "common/environment.h"
 #include "common/metrics.h"
 #include "compiler/pipeline_stages.h"
 #include "device/ipu_device.h"
@@ -32,6 +35,16 @@ Program::Program(std::shared_ptr<const compiler::Executable> executable,
     split = split || node.placement.ipu != 0;
   }
   needs_calling_thread_ = needs_calling_thread_ || host_effects_;
+  inter_op_ = !needs_calling_thread_ && executable_->dependencies.parallel() &&
+              integerFromEnvironment("POPTORCH_INTER_OP", 1, 0) != 0;
+  if (inter_op_) {
+    deterministic_ = graph_->nodes.front().deterministic;
+    deterministic_warn_only_ = graph_->nodes.front().deterministic_warn_only;
+    inter_op_ = std::all_of(graph_->nodes.begin(), graph_->nodes.end(), [&](const ir::Node& node) {
+      return node.deterministic == deterministic_ &&
+             node.deterministic_warn_only == deterministic_warn_only_;
+    });
+  }
   if (split) exchanged_bytes_ = compiler::bytesExchangedBetweenIpus(executable_->program);
 }
 
@@ -108,10 +121,13 @@ std::exception_ptr Program::tryRun(uint64_t seed_salt) const {
 
 std::exception_ptr Program::execute(uint64_t seed_salt, OnError on_error) const {
   const auto start = std::chrono::steady_clock::now();
+  const at::Context& context = at::globalContext();
+  const bool inter_op = inter_op_ && context.deterministicAlgorithms() == deterministic_ &&
+                        context.deterministicAlgorithmsWarnOnly() == deterministic_warn_only_;
   std::exception_ptr error =
       executable_->has_guards
           ? runGuarded(seed_salt, on_error)
-          : runtime::execute(*executable_, *graph_, external_, seed_salt, on_error);
+          : runtime::execute(*executable_, *graph_, external_, seed_salt, on_error, inter_op);
   countRun(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return error;
 }
@@ -185,7 +201,8 @@ std::exception_ptr Program::runGuarded(uint64_t seed_salt, OnError on_error) con
     saved.emplace_back(bytes, bytes.clone());
   }
   try {
-    return runtime::execute(*executable_, *graph_, external_, seed_salt, on_error);
+    return runtime::execute(*executable_, *graph_, external_, seed_salt, on_error,
+                            /*inter_op=*/false);
   } catch (GuardFailure& failure) {
     for (auto& [bytes, copy] : saved) bytes.copy_(copy);
     auto site = graph_->guard_sites.find(failure.node);

@@ -25,7 +25,7 @@ TEST(Serialization, EveryFieldIsKnown) {
   EXPECT_EQ(sizeof(ir::Node), 240u) << "ir::Node has a new field";
   EXPECT_EQ(sizeof(ir::BufferInfo), 16u) << "ir::BufferInfo has a new field";
   EXPECT_EQ(sizeof(ir::Graph), 88u) << "ir::Graph has a new field";
-  EXPECT_EQ(sizeof(compiler::Executable), 296u) << "compiler::Executable has a new field";
+  EXPECT_EQ(sizeof(compiler::Executable), 344u) << "compiler::Executable has a new field";
 }
 
 // A graph that exercises every kind of argument and plan: runtime Scalars,
@@ -154,6 +154,13 @@ void expectSameExecutable(const compiler::Executable& a, const compiler::Executa
   EXPECT_EQ(a.out_variant, b.out_variant);
   EXPECT_EQ(a.has_guards, b.has_guards);
   EXPECT_EQ(a.guarded_writes, b.guarded_writes);
+  // Derived again when decoded, not stored.
+  EXPECT_EQ(a.dependencies.successors, b.dependencies.successors);
+  ASSERT_EQ(a.dependencies.segments.size(), b.dependencies.segments.size());
+  for (size_t s = 0; s < a.dependencies.segments.size(); ++s) {
+    EXPECT_EQ(a.dependencies.segments[s].begin, b.dependencies.segments[s].begin);
+    EXPECT_EQ(a.dependencies.segments[s].end, b.dependencies.segments[s].end);
+  }
 }
 
 std::shared_ptr<const compiler::Executable> compiled(const ir::Graph& graph) {

@@ -1,0 +1,86 @@
+"""Independent nodes on two threads (runtime/inter_op.h): the values are those of the
+nodes run in program order, the same at every run, and failures stay where they were."""
+import copy
+
+import pytest
+import torch
+
+import poptorch
+
+
+class Branches(torch.nn.Module):
+    """Two branches of a block, then a head: in the backward, each Linear's weight and input
+    gradients are independent, and so are the branches; so are the parameters' updates."""
+
+    def __init__(self):
+        super().__init__()
+        self.left = torch.nn.Linear(32, 64)
+        self.right = torch.nn.Linear(32, 64)
+        self.head = torch.nn.Linear(64, 5)
+        self.loss = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        out = self.head(torch.relu(self.left(x)) * torch.tanh(self.right(x)))
+        return out, self.loss(out, y)
+
+
+def train(inter_op: str, monkeypatch, steps: int = 3):
+    monkeypatch.setenv("POPTORCH_INTER_OP", inter_op)  # read when a program is made
+    torch.manual_seed(0)
+    model = Branches()
+    reference = copy.deepcopy(model)
+    options = poptorch.Options().deviceIterations(4)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    training = poptorch.trainingModel(model, options, optimizer)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4 * 8, 32, generator=g), torch.randint(0, 5, (4 * 8,), generator=g)
+    losses = [training(x, y)[1] for _ in range(steps)]
+    return losses, {k: v.clone() for k, v in training.state_dict().items()}, reference, (x, y)
+
+
+@pytest.fixture(autouse=True)
+def two_threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # inter-op needs two
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_training_matches_the_cpu_and_program_order(monkeypatch):
+    losses, weights, reference, (x, y) = train("1", monkeypatch)
+    order_losses, order_weights, _, _ = train("0", monkeypatch)
+    # A kernel's last bits may depend on how many threads it ran on (as on the CPU).
+    for a, b in zip(losses, order_losses):
+        torch.testing.assert_close(a, b)
+    for name, value in weights.items():
+        torch.testing.assert_close(value, order_weights[name], msg=name)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        for k in range(4):
+            optimizer.zero_grad()
+            _, loss = reference(x[k * 8:(k + 1) * 8], y[k * 8:(k + 1) * 8])
+            loss.backward()
+            optimizer.step()
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(weights[name], value, msg=name)
+
+
+def test_the_values_are_the_same_at_every_run(monkeypatch):
+    losses, weights, _, _ = train("1", monkeypatch)
+    again, again_weights, _, _ = train("1", monkeypatch)
+    for a, b in zip(losses, again):
+        assert torch.equal(a, b)
+    for name, value in weights.items():
+        assert torch.equal(value, again_weights[name]), name
+
+
+def test_a_failing_branch_leaves_the_independent_one_computed():
+    x = torch.arange(16.0, device="ipu").reshape(4, 4)
+    good = [x @ x, x.sin(), x * 2]
+    bad = torch.index_select(x, 0, torch.tensor([9], device="ipu")).exp()
+    expected = torch.arange(16.0).reshape(4, 4)
+    cpu = [expected @ expected, expected.sin(), expected * 2]
+    for value, reference in zip(good, cpu):
+        torch.testing.assert_close(value.cpu(), reference)
+    with pytest.raises(IndexError, match="index out of range"):
+        bad.cpu()
