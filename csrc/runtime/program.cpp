@@ -36,7 +36,7 @@ Program::Program(std::shared_ptr<const compiler::Executable> executable,
   }
   needs_calling_thread_ = needs_calling_thread_ || host_effects_;
   inter_op_ = !needs_calling_thread_ && executable_->dependencies.parallel() &&
-              integerFromEnvironment("POPTORCH_INTER_OP", 1, 0) != 0;
+              integerFromEnvironment("POPTORCH_INTER_OP", 0, 0) != 0;
   if (inter_op_) {
     deterministic_ = graph_->nodes.front().deterministic;
     deterministic_warn_only_ = graph_->nodes.front().deterministic_warn_only;
