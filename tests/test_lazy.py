@@ -187,22 +187,22 @@ def test_torch_profiler_sees_the_nodes_a_program_runs():
     assert count_mm("ipu") == count_mm("cpu") + 1
 
 
-def _ops_run(fn) -> Dict[str, int]:
+def _run_on_ipu_checked(model: nn.Module, x: torch.Tensor) -> Dict[str, int]:
+    """Runs a copy of ``model`` on the ipu, checks its output against the CPU's
+    and returns how often each op ran (captured or run) under the profiler."""
     from torch.profiler import profile
+    expected = model(x)
+    on_ipu = copy.deepcopy(model).to("ipu")
     with profile() as prof:
-        fn()
+        y = on_ipu(x.to("ipu")).cpu()
+    torch.testing.assert_close(y, expected)
     return {e.key: e.count for e in prof.key_averages()}
 
 
 def test_linear_then_relu_runs_as_one_fused_kernel_with_the_cpus_values():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    x = torch.randn(8, 16)
-    expected = model(x)
-    on_ipu = copy.deepcopy(model).to("ipu")
-    result = {}
-    ops = _ops_run(lambda: result.update(y=on_ipu(x.to("ipu")).cpu()))
-    torch.testing.assert_close(result["y"], expected)
+    ops = _run_on_ipu_checked(model, torch.randn(8, 16))
     assert ops.get("aten::_addmm_activation", 0) == 1
     # Captured once as relu; never run as one.
     assert ops.get("aten::relu", 0) == 1
@@ -213,12 +213,7 @@ def test_a_bias_added_to_a_product_runs_as_one_addmm_with_the_cpus_values():
     # add_ of the bias: on the ipu the two run as one addmm.
     torch.manual_seed(0)
     model = nn.Linear(16, 24)
-    x = torch.randn(8, 5, 16).transpose(0, 1)
-    expected = model(x)
-    on_ipu = copy.deepcopy(model).to("ipu")
-    result = {}
-    ops = _ops_run(lambda: result.update(y=on_ipu(x.to("ipu")).cpu()))
-    torch.testing.assert_close(result["y"], expected)
+    ops = _run_on_ipu_checked(model, torch.randn(8, 5, 16).transpose(0, 1))
     assert ops.get("aten::addmm", 0) == 1
     # Captured once as mm and add_; never run as them.
     assert ops.get("aten::mm", 0) == 1 and ops.get("aten::add_", 0) == 1
