@@ -86,8 +86,10 @@ ir::Graph eliminateCommonSubexpressions(ir::Graph graph) {
       }
       for (size_t position : seen[key]) {
         const ir::Node& earlier = kept[position];
+        // A matmul's plan changes its modelled memory, not its value: two
+        // planned differently are kept apart so each plan is counted.
         if (earlier.op == node.op && kept_inputs[position] == inputs && argsEqual(earlier, node) &&
-            earlier.outputs.size() == node.outputs.size()) {
+            earlier.outputs.size() == node.outputs.size() && earlier.matmul == node.matmul) {
           for (size_t o = 0; o < node.outputs.size(); ++o) {
             replacement[node.outputs[o].buffer] = earlier.outputs[o].buffer;
           }

@@ -89,6 +89,18 @@ TEST(CommonSubexpressions, DoesNotMergeAcrossAWriteToAnInput) {
   EXPECT_EQ(passes::eliminateCommonSubexpressions(b.graph).nodes.size(), 4u);
 }
 
+TEST(CommonSubexpressions, DoesNotMergeNodesPlannedDifferently) {
+  GraphBuilder b;
+  const auto x = b.buffer(4, true, true);
+  const auto t1 = b.buffer(4);
+  const auto t2 = b.buffer(4);
+  const auto out = b.buffer(4, false, true);
+  b.square(x, t1);
+  b.square(x, t2).matmul.factor = 4;
+  b.add(t1, t2, out);
+  EXPECT_EQ(passes::eliminateCommonSubexpressions(b.graph).nodes.size(), 3u);
+}
+
 TEST(CommonSubexpressions, DoesNotMergeLiveResults) {
   GraphBuilder b;
   const auto x = b.buffer(4, true, true);
