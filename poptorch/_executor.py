@@ -36,7 +36,7 @@ from ._executor_profiling import ExecutorProfiling
 from ._input_groups import expand_input_groups, group_rows
 from ._logging import logger
 from ._printing import module_repr
-from ._step_capture import StepCapture
+from ._step_capture import StepCapture, module_modes
 from ._wrapper_options import check_compiled_strategy, mean_factors, wrapper_options
 from ._wrapper_state import WrapperState
 from .distributed._replication import ProcessReplicas
@@ -118,6 +118,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         # With replicas in other processes: sums their gradients before each update.
         self._before_update: Optional[Callable[[], None]] = None
         self._compiled = False
+        self._modes: List[Tuple[torch.nn.Module, bool]] = []  # set by each compilation
         self._attached = False
         self._destroyed = False
         self._lock = threading.RLock()
@@ -374,6 +375,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
                         f"({self._options.device_iterations}) must be a multiple of the "
                         f"output return period ({self._options.output_return_period})")
         self._input_specs, self._spec, self._examples = specs, spec, examples
+        self._modes = module_modes(self._model)  # every capture of the step uses them
         # Random ops follow the generator's state when the model is compiled.
         self._capture_seed = int(torch.randint(0, 2**62, (1,)))
         progress = _Progress() if self._options.show_compilation_progress_bar else None
@@ -397,6 +399,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         _precompilation.add_executables(self._executables, filename, saved)
         self._spec, self._examples, self._input_objects = _precompilation.inputs(saved)
         self._capture_seed = saved["capture_seed"]
+        self._modes = module_modes(self._model)
         # Host batches hold a micro-batch per device iteration (and so on) of
         # the options here, which may differ from the exporting process's.
         n = self._micro_batches
@@ -496,7 +499,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
                            accumulate, device_inputs, args, kwargs, self._options.Precision,
                            strategy, anchors, self._capture_seed,
                            self._options.module_namescope, self._grouped,
-                           mean if accumulate else None)
+                           mean if accumulate else None, self._modes)
         self._step = step
         first = step.micro_step()
         # The weights go to their blocks' IPUs before the update is captured:

@@ -49,6 +49,26 @@ def max_step_variants() -> int:
     return int(value) if value.strip() else _DEFAULT_MAX_VARIANTS
 
 
+def module_modes(model: torch.nn.Module) -> List[Tuple[torch.nn.Module, bool]]:
+    """Each submodule's ``training`` flag. A step keeps those of its first
+    capture: capturing it again (after detachFromDevice, or for another value
+    read on the host) after ``model.eval()`` must not make a training step
+    that stops updating its batch norm statistics."""
+    return [(module, module.training) for module in model.modules()]
+
+
+@contextlib.contextmanager
+def _in_modes(modes: List[Tuple[torch.nn.Module, bool]]) -> Iterator[None]:
+    current = [(module, module.training) for module, _ in modes]
+    try:
+        for module, training in modes:
+            module.training = training
+        yield
+    finally:
+        for module, training in current:
+            module.training = training
+
+
 @contextlib.contextmanager
 def _whole_step_capture() -> Iterator[None]:
     """This thread's ops are captured into one program; nothing runs until it
@@ -70,8 +90,10 @@ class StepCapture:
                  kwargs: Dict[str, Any], precision: Any, strategy: Any,
                  anchors: Optional[Anchors] = None, seed: int = 0,
                  module_namescope: bool = True, grouped: Optional[GroupedWeights] = None,
-                 mean: Optional[MeanFactors] = None) -> None:
+                 mean: Optional[MeanFactors] = None,
+                 modes: Optional[List[Tuple[torch.nn.Module, bool]]] = None) -> None:
         self.model = model
+        self.modes = modes if modes is not None else module_modes(model)
         self.strategy = strategy  # Options.setExecutionStrategy: places the model's blocks
         self.split: Optional[Split] = None  # how the blocks split the model (set by a capture)
         self.module_namescope = module_namescope  # ops named after modules in profiles
@@ -130,8 +152,9 @@ class StepCapture:
         # on the IPU, as in PopTorch (random ones are drawn there on every run).
         scopes = (module_name_scopes(self.model) if self.module_namescope
                   else contextlib.nullcontext())
-        with self._seeded(), _whole_step_capture(), capturing_blocks(self.strategy) as blocks, \
-                recorder, RunningOnIpu(), self._state.device, scopes:
+        with self._seeded(), _in_modes(self.modes), _whole_step_capture(), \
+                capturing_blocks(self.strategy) as blocks, recorder, RunningOnIpu(), \
+                self._state.device, scopes:
             with torch.enable_grad() if self.training else torch.no_grad():
                 # A grouped weight's forward sees its replica's row.
                 rows = self.grouped.views(self._state.tensors) if self.grouped else {}

@@ -302,3 +302,47 @@ def test_modules_and_weights_shared_under_several_names_train_and_stay_on_the_ho
     train_beside_the_cpu(model, batches)  # also checks the devices of the weights
     assert model.decoder.weight is model.inner.weight
     assert all(not t.is_ipu for t in model.state_dict().values())
+
+
+class NormalisesAndReads(torch.nn.Module):
+    """Batch norm (its statistics move only in train mode) and a value read
+    on the host (each new value captures another variant of the step)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.norm = torch.nn.BatchNorm1d(3)
+
+    def forward(self, x):
+        y = self.norm(self.lin(x))
+        return y.pow(2).mean() * (2.0 if x[0, 0].item() > 0 else 1.0)
+
+
+@pytest.mark.parametrize("how", ["attached again", "another variant"])
+def test_a_step_captured_again_keeps_the_modes_it_was_compiled_in(how):
+    # PopTorch compiles the model in the modes it has then; model.eval() for
+    # validation must not turn a step captured again into an eval-mode step
+    # (batch norm statistics frozen, as on the CPU in eval mode).
+    torch.manual_seed(0)
+    model = NormalisesAndReads()
+    reference = copy.deepcopy(model)
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x = torch.rand(4, 3)
+    batches = [x, x, -x if how == "another variant" else x]
+    for step, batch in enumerate(batches):
+        if step == 1:
+            if how == "attached again":
+                training.detachFromDevice()
+            model.eval()  # validation on the CPU between training calls
+            model(batch)
+        loss = training(batch)
+        optimizer.zero_grad()
+        expected = reference(batch)
+        expected.backward()
+        optimizer.step()
+        torch.testing.assert_close(loss, expected.detach())
+    assert not model.training  # the user's modes are the user's
+    model.train()
+    for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)
