@@ -7,12 +7,13 @@ one set of device weights (training updates are seen by inference at once).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _C
+from ._errors import Error
 
 # host tensor -> its device copy, shared by every executor using that tensor.
 _DEVICE_COPIES = WeakIdKeyDictionary()
@@ -49,6 +50,15 @@ class DeviceState:
         self.device = device
         self.host = _host_state(model)
         self.tensors: Dict[str, torch.Tensor] = {}
+        # (name, the dict its module keeps it in, its key there): where the
+        # user may put another tensor under that name
+        self._slots: List[Tuple[str, Dict[str, Optional[torch.Tensor]], str]] = []
+        self.buffer_names: Set[str] = set()
+        for prefix, module in model.named_modules(remove_duplicate=False):
+            dot = f"{prefix}." if prefix else ""
+            for slots in (module._parameters, module._buffers):  # pylint: disable=protected-access
+                self._slots += [(dot + key, slots, key) for key in slots if dot + key in self.host]
+            self.buffer_names.update(dot + key for key in module._buffers)  # pylint: disable=protected-access
         self.attach()
 
     def attach(self) -> None:
@@ -94,6 +104,39 @@ class DeviceState:
                     device.copy_(host.detach())
                 _C.synchronize()
                 _alias(host, device)
+
+    def changed_on_the_host(self, training: bool) -> Dict[str, torch.Tensor]:
+        """Host tensors the user gave new data (``param.data = t``) or replaced
+        (``module.weight = Parameter(t)``, a buffer assigned anew) since the
+        last run, by name; the caller copies them to the device. What the
+        compiled step cannot take is an error saying what to do."""
+        changed: Dict[str, torch.Tensor] = {}
+        replaced = set()
+        for name, slots, key in self._slots:
+            current = slots.get(key)
+            if current is not self.host[name]:
+                if current is None:
+                    raise Error(f"the model's {name!r} was removed (set to None) after the "
+                                "model was compiled: call destroy() to compile it again")
+                changed[name] = current
+                replaced.add(name)
+        names = list(self.host)
+        for index in _C.unaliased(list(self.host.values()), [self.tensors[n] for n in names]):
+            changed.setdefault(names[index], self.host[names[index]])
+        for name, host in changed.items():
+            device = self.tensors[name]
+            if host.shape != device.shape or host.dtype != device.dtype:
+                raise Error(f"the model's {name!r} became a {host.dtype} tensor of shape "
+                            f"{list(host.shape)} after the model was compiled for a "
+                            f"{device.dtype} tensor of shape {list(device.shape)} (model.half(), "
+                            "or a tensor assigned to it): call destroy() to compile it again")
+            if training and name in replaced and isinstance(self.host[name], torch.nn.Parameter):
+                raise Error(f"the model's parameter {name!r} was replaced by another tensor after "
+                            "the model was wrapped, and the optimizer updates the old one: "
+                            "copy the new values into it (with torch.no_grad(): "
+                            "param.copy_(new)), or wrap the model again with an optimizer of "
+                            "its new parameters")
+        return changed
 
     def copy_to_host(self) -> None:
         _C.synchronize()

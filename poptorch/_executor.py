@@ -154,6 +154,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
             if not self._attached:
                 logger.info("attaching the model to the IPU again")
                 self.attachToDevice()
+            else:
+                self._copy_host_changes()
         return self._run(leaves)
 
     @_locked

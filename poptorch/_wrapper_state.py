@@ -16,6 +16,7 @@ import torch
 from . import _C
 from ._anchors import tensor_names
 from ._errors import Error
+from ._logging import logger
 
 
 class WrapperState:
@@ -81,6 +82,20 @@ class WrapperState:
             self._state.copy_to_device({name: buffers[name] for name in names})
             if self._replica_buffers is not None:
                 self._replica_buffers.reset()  # every replica takes the host's values
+
+    def _copy_host_changes(self) -> None:
+        """Before a run: weights the user changed on the host other than in
+        place (``param.data = t``, a tensor assigned to a module's attribute)
+        reach the device, where PopTorch needs a copyWeightsToDevice() and
+        would run with the old values otherwise."""
+        changed = self._state.changed_on_the_host(self._training)
+        if not changed:
+            return
+        logger.debug("copying the weights changed on the host to the device: %s", sorted(changed))
+        self._state.copy_to_device(changed)
+        if self._replica_buffers is not None and not changed.keys().isdisjoint(
+                self._state.buffer_names):
+            self._replica_buffers.reset()  # every replica takes the host's values
 
     @property
     def rng_state(self) -> List[int]:

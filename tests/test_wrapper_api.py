@@ -121,10 +121,11 @@ def test_copy_named_buffers_to_device_takes_a_new_buffer():
     inference = poptorch.inferenceModel(model, opts)
     x = batch(4)[0]
     before = inference(x)
-    model.offset = torch.full((2,), 5.0)  # a new tensor object: the device has the old one
-    torch.testing.assert_close(inference(x), before)
+    model.offset = torch.full((2,), 5.0)  # a new tensor object
     inference.copyNamedBuffersToDevice()
     torch.testing.assert_close(inference(x), before + 5)
+    model.offset = torch.full((2,), 3.0)  # the next call takes it without the copy too
+    torch.testing.assert_close(inference(x), before + 3)
     model.offset.fill_(1.0)  # and it is now the device's
     torch.testing.assert_close(inference(x), before + 1)
 

@@ -346,3 +346,82 @@ def test_a_step_captured_again_keeps_the_modes_it_was_compiled_in(how):
     model.train()
     for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def _new_data(model):
+    model.lin.weight.data = torch.full((3, 3), 0.25)  # the tensor is the same, its data not
+
+
+def _new_parameter(model):
+    model.lin.weight = torch.nn.Parameter(torch.full((3, 3), 0.25))
+
+
+def _new_buffer(model):
+    model.norm.running_mean = torch.full((3,), 0.5)
+
+
+def _loaded_by_assignment(model):
+    state = {name: torch.full_like(t, 0.25) for name, t in model.state_dict().items()}
+    model.load_state_dict(state, assign=True)
+
+
+HOST_CHANGES = {"param.data =": _new_data, "a new Parameter": _new_parameter,
+                "a buffer assigned anew": _new_buffer,
+                "load_state_dict(assign=True)": _loaded_by_assignment}
+
+
+@pytest.mark.parametrize("how", HOST_CHANGES)
+def test_weights_changed_on_the_host_are_used_by_the_next_call(how):
+    # PopTorch needs copyWeightsToDevice() here and runs the old weights without it.
+    torch.manual_seed(0)
+    model = NormalisesAndReads().eval()
+    reference = copy.deepcopy(model)
+    ipu = poptorch.inferenceModel(model)
+    x = torch.rand(4, 3)
+    torch.testing.assert_close(ipu(x), reference(x))
+    for m in (model, reference):
+        HOST_CHANGES[how](m)
+    torch.testing.assert_close(ipu(x), reference(x))
+    with torch.no_grad():  # the new tensors are the device's now: in-place changes reach it
+        model.lin.bias.add_(1)
+        reference.lin.bias.add_(1)
+    torch.testing.assert_close(ipu(x), reference(x))
+
+
+def test_training_goes_on_from_weights_given_new_data_on_the_host():
+    torch.manual_seed(0)
+    model = NormalisesAndReads()
+    x = torch.rand(4, 3)
+    training = train_beside_the_cpu(model, [(x,)], loss_of=lambda out: out)
+    _new_data(model)
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    loss = training(x)
+    expected = reference(x)
+    expected.backward()
+    optimizer.step()
+    torch.testing.assert_close(loss, expected.detach())
+    for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+HOST_CHANGES_A_STEP_CANNOT_TAKE = {
+    "a parameter its optimizer does not hold": (True, _new_parameter, "optimizer updates the old"),
+    "a parameter removed": (False, lambda m: setattr(m.lin, "bias", None), "removed"),
+    "another dtype": (False, lambda m: m.half(), "torch.float16 tensor of shape"),
+    "another shape": (False, lambda m: setattr(m.lin.weight, "data", torch.ones(3, 2)),
+                      "of shape \\[3, 2\\]"),
+}
+
+
+@pytest.mark.parametrize("case", HOST_CHANGES_A_STEP_CANNOT_TAKE)
+def test_a_host_change_the_compiled_step_cannot_take_is_an_error(case):
+    training, change, message = HOST_CHANGES_A_STEP_CANNOT_TAKE[case]
+    model = NormalisesAndReads()
+    wrapped = (poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+               if training else poptorch.inferenceModel(model))
+    x = torch.rand(4, 3)
+    wrapped(x)
+    change(model)
+    with pytest.raises(poptorch.Error, match=message):
+        wrapped(x)

@@ -112,6 +112,25 @@ void backStorage(const at::Tensor& tensor) {
   device::materialize(*tensor.storage().unsafeGetStorageImpl());
 }
 
+// Indices of the host tensors that no longer view the bytes of their device
+// copies (given new data by `param.data = t` or `model.half()`): a wrapped
+// model checks its weights before each run, in one call.
+std::vector<int64_t> unaliased(const std::vector<at::Tensor>& hosts,
+                               const std::vector<at::Tensor>& devices) {
+  TORCH_CHECK_VALUE(hosts.size() == devices.size(), "unaliased: ", hosts.size(),
+                    " host tensors but ", devices.size(), " device tensors");
+  std::vector<int64_t> result;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    const at::Tensor& host = hosts[i];
+    const at::Tensor& device = devices[i];
+    if (host.data_ptr() != device.data_ptr() || host.sizes() != device.sizes() ||
+        host.dtype() != device.dtype()) {
+      result.push_back(static_cast<int64_t>(i));
+    }
+  }
+  return result;
+}
+
 // The innermost frame of the calling Python code outside torch and poptorch:
 // where a value read while capturing a step came from.
 std::string pythonSourceLocation() {
@@ -331,6 +350,8 @@ PYBIND11_MODULE(_C, m) {
         "Gives an ipu tensor's storage host memory (without running anything).");
   m.def("host_alias", &runtime::hostAlias,
         "A cpu tensor over the bytes of a materialised ipu tensor.");
+  m.def("unaliased", &unaliased, py::arg("hosts"), py::arg("devices"),
+        "Indices of the host tensors that no longer view their device copies' bytes.");
 
   py::class_<runtime::Program, std::shared_ptr<runtime::Program>>(
       m, "Program", "A captured, compiled graph bound to its ipu storages.")
