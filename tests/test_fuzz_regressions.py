@@ -224,3 +224,21 @@ def test_rsub_of_a_bool_tensor_is_refused_at_the_call(n):
     for dev in DEVICES:
         with pytest.raises(RuntimeError, match="with a bool tensor is not supported"):
             torch.rsub(torch.ones(n, device=dev), torch.zeros(n, dtype=torch.bool, device=dev))
+
+
+def test_an_out_tensor_overlapping_the_inputs_of_cat_is_refused_before_a_resize():
+    # The CPU resizes t to (2,) before it refuses the overlap (a deprecated resize of an
+    # out= tensor of another shape); the ipu refuses first and leaves t as it was.
+    for dev in DEVICES:
+        t = torch.ones(1, device=dev)
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            torch.cat([t, t], 0, out=t)
+    assert t.shape == (1,) and t.tolist() == [1.0]
+
+
+def test_an_out_tensor_of_a_dtype_mean_cannot_give_is_refused_before_a_resize():
+    for dev in DEVICES:
+        t = torch.zeros(0, dtype=torch.int64, device=dev)
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+            torch.mean(torch.ones((), device=dev), -1, keepdim=True, out=t)
+    assert t.shape == (0,)

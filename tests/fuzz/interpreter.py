@@ -159,12 +159,24 @@ class Run:
             if line.scalar is not None:
                 self.scalars.append(line.scalar)
                 read = self.ns[line.scalar]
+        if error is not None and line.op.startswith("out:"):
+            self._forget_storages_of(line.writes)
         undefined = self._track_undefined(line, error)
         record = Record(error, _comparable(read, line.read_dtype) if line.host_read and
                         error is None else None, undefined,
                         {name: Meta.of(self.ns[name]) for name in self.tensors})
         self.trace.records.append(record)
         return record
+
+    def _forget_storages_of(self, names: Sequence[str]) -> None:
+        """The CPU resizes an out= tensor before some of its checks (cat's overlap, mean's
+        dtype: PyTorch's deprecated resize of a tensor of the wrong shape), so after a refused
+        call its shape, and its storage's size that its views show, are an accident of the
+        kernel; the ipu checks first. The tensors on that storage are no longer compared
+        nor used."""
+        storages = {self.ns[name].untyped_storage()._cdata for name in names}
+        self.tensors = [name for name in self.tensors
+                        if self.ns[name].untyped_storage()._cdata not in storages]
 
     def _track_undefined(self, line: Line, error: Optional[BaseException]) -> bool:
         """Whether what the line produced (or read) is undefined; CPU runs only."""

@@ -23,7 +23,9 @@ from .program import Step
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ALL_DTYPES = (torch.float32, torch.int64, torch.float16, torch.bfloat16, torch.int32,
               torch.bool, torch.int8, torch.uint8)
-DTYPE_NAMES = {dtype: f"torch.{str(dtype).split('.')[1]}" for dtype in ALL_DTYPES}
+# Every dtype, also those only type promotion makes (int8 + uint8 is int16).
+DTYPE_NAMES = {value: f"torch.{str(value).split('.')[1]}" for value in vars(torch).values()
+               if isinstance(value, torch.dtype)}
 
 
 class Skip(Exception):
