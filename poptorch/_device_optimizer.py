@@ -53,6 +53,13 @@ def variable_attributes(optimizer: torch.optim.Optimizer, algorithm: str) -> Set
     return variables
 
 
+def _snapshot(values: Dict[Tuple[int, str], Any]) -> Dict[Tuple[int, str], Any]:
+    """Values to compare later: a tensor hyper-parameter (``lr=torch.tensor(...)``)
+    may be changed in place, so its value is kept, not the tensor."""
+    return {key: value.tolist() if isinstance(value, torch.Tensor) else value
+            for key, value in values.items()}
+
+
 class DeviceOptimizer:
     """State and hyper-parameters of one optimiser on the IPU."""
 
@@ -69,6 +76,10 @@ class DeviceOptimizer:
         self.groups: List[Tuple[List[torch.Tensor], Dict[str, Any]]] = []
         self.state: Dict[int, Dict[str, torch.Tensor]] = {}
         self._device_params = device_params  # id(host parameter) -> device parameter
+        if not any(id(p) in device_params for g in optimizer.param_groups for p in g["params"]):
+            raise Error("the optimizer given to trainingModel holds none of the model's "
+                        "parameters, so nothing would be trained: make it from the wrapped "
+                        "model's parameters (torch.optim.SGD(model.parameters(), ...))")
         for group in optimizer.param_groups:
             params = [device_params[id(p)] for p in group["params"] if id(p) in device_params]
             hyper = {name: self._value(name, value) for name, value in
@@ -85,6 +96,7 @@ class DeviceOptimizer:
                                            getattr(optimizer, "max_weight_norm", None))
         self.max_grad_norm = getattr(optimizer, "max_grad_norm", None)
         self._compiled_values = self._constants(optimizer)
+        self._applied = _snapshot(self._compiled_values)  # the values the device has
         self._hooks: List[Any] = []
         self._attach(optimizer)
 
@@ -203,7 +215,17 @@ class DeviceOptimizer:
         if optimizer is not self.optimizer:
             self.release()
             self._attach(optimizer)
+        self._applied = _snapshot(new)
         _C.synchronize()
+
+    def follow_host_changes(self) -> None:
+        """Before a run: hyper-parameters changed on the host optimiser (an LR
+        scheduler's step, ``param_groups[i]["lr"] = ...``) are taken, where
+        PopTorch needs a setOptimizer() and runs the old values without it."""
+        if _snapshot(self._constants(self.optimizer)) != self._applied:
+            logger.debug("the optimiser's hyper-parameters changed on the host: taking them "
+                         "as setOptimizer() does")
+            self.set_values(self.optimizer)
 
     def _host_parameters(self, optimizer: torch.optim.Optimizer) -> List[Tuple[Any, Dict]]:
         """(host parameter, its device state) for every parameter on the device."""

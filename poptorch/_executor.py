@@ -156,6 +156,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
                 self.attachToDevice()
             else:
                 self._copy_host_changes()
+                if self._device_optimizer is not None:
+                    self._device_optimizer.follow_host_changes()
         return self._run(leaves)
 
     @_locked

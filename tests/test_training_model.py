@@ -195,6 +195,45 @@ def test_set_optimizer_changes_lr_without_recompiling():
     torch.testing.assert_close(model.l1.weight, reference.l1.weight)
 
 
+def test_a_scheduler_stepped_without_set_optimizer_is_followed():
+    # PopTorch needs setOptimizer() after the host optimiser changes, and runs the old
+    # learning rate without it; here the next call takes the new one, as on the CPU.
+    optimizers = []
+
+    def sgd(params):
+        optimizers.append(torch.optim.SGD(params, lr=0.1))
+        return optimizers[-1]
+
+    model, ipu, reference, ref_optimizer = twins(sgd, sgd)
+    schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in optimizers]
+    compiled = None
+    for step in range(3):
+        ipu(*data(4, step))
+        reference_steps(reference, ref_optimizer, *data(4, step), 1)
+        for scheduler in schedulers:
+            scheduler.step()
+        compiled = compiled or poptorch.metrics()["graphs_compiled"]
+    assert poptorch.metrics()["graphs_compiled"] == compiled
+    torch.testing.assert_close(model.l1.weight, reference.l1.weight)
+
+
+def test_a_constant_attribute_changed_on_the_host_is_an_error_at_the_next_call():
+    model = Classifier()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ipu = poptorch.trainingModel(model, None, optimizer)
+    ipu(*data(4))
+    optimizer.param_groups[0]["weight_decay"] = 0.1
+    with pytest.raises(poptorch.Error, match="'weight_decay' is a constant"):
+        ipu(*data(4))
+
+
+def test_an_optimizer_of_another_models_parameters_is_an_error():
+    model = Classifier()
+    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(Classifier().parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="holds none of the model's parameters"):
+        ipu(*data(4))
+
+
 def test_changing_a_constant_attribute_is_an_error():
     model = Classifier()
     optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
