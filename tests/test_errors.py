@@ -73,9 +73,10 @@ def test_an_argument_error_is_raised_at_the_call(case):
     poptorch.synchronize()  # and nothing deferred either
 
 
-# Float arguments CPU kernels check, against 0 and 1 or each other. The checks at the call run
-# once per signature in which floats count by that class only (so that a new learning rate is
-# not checked again): each case follows a valid call of the same op on the same shapes.
+# Float arguments CPU kernels check, against 0 and 1, each other or the range of a dtype. The
+# checks at the call run once per signature in which floats count by that class only (so that a
+# new learning rate is not checked again; csrc/capture/float_class.h): each case follows a valid
+# call of the same op on the same shapes.
 FLOAT_ARGUMENT_ERRORS = {
     "uniform_ with from > to": (lambda d: torch.zeros(3, device=d).uniform_(0.25, 0.5),
                                 lambda d: torch.zeros(3, device=d).uniform_(5.0, 2.0)),
@@ -83,6 +84,15 @@ FLOAT_ARGUMENT_ERRORS = {
                               lambda d: torch.zeros(3, device=d).bernoulli_(1.5)),
     "normal_ with a negative std": (lambda d: torch.zeros(3, device=d).normal_(0.0, 2.0),
                                     lambda d: torch.zeros(3, device=d).normal_(0.0, -1.0)),
+    "fill_ of a half tensor beyond its range": (
+        lambda d: torch.zeros(3, dtype=torch.half, device=d).fill_(2.0),
+        lambda d: torch.zeros(3, dtype=torch.half, device=d).fill_(1e5)),
+    "full of int8 beyond its range": (
+        lambda d: torch.full((3,), 2.0, dtype=torch.int8, device=d),
+        lambda d: torch.full((3,), 300.0, dtype=torch.int8, device=d)),
+    "uniform_ whose to - from is beyond float32's range": (
+        lambda d: torch.zeros(3, device=d).uniform_(-3e38, 42.0),
+        lambda d: torch.zeros(3, device=d).uniform_(-3e38, 3e38)),
 }
 
 
@@ -95,6 +105,16 @@ def test_a_float_argument_error_is_raised_at_the_call(case):
         invalid("ipu")
     assert str(raised.value).splitlines()[0] == str(expected).splitlines()[0]
     poptorch.synchronize()
+
+
+def test_a_refused_in_place_call_leaves_its_tensor_as_the_cpu_does():
+    def fill(d):
+        x = torch.zeros(3, dtype=torch.half, device=d).fill_(2.0)
+        with pytest.raises(RuntimeError, match="without overflow"):
+            x.fill_(1e5)
+        return x
+
+    torch.testing.assert_close(fill("ipu").cpu(), fill("cpu"))
 
 
 # Calls that checks of the values pass: the CPU kernel's run on stand-ins at the call (all

@@ -14,11 +14,11 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <cmath>
 #include <functional>
 #include <mutex>
 
 #include "capture/cpu_checks.h"
+#include "capture/float_class.h"
 #include "common/ivalue_tensors.h"
 #include "common/logging.h"
 
@@ -112,8 +112,9 @@ class MetaTwins {
 
 // Everything a Meta kernel's answer can depend on, as integers: the op, and
 // for each argument its value or, for a tensor, its metadata and aliasing.
-// With `Floats::kByClass`, a float counts only by how it compares with 0, 1
-// and the call's other floats (see checkAsCpuKernelOnce).
+// With `Floats::kByClass`, a float counts only by its class (float_class.h),
+// and by how it compares with the call's other floats and the class of their
+// difference (see checkAsCpuKernelOnce).
 // The key is written into a vector the caller owns, so that a thread can
 // reuse one (and its capacity) for every lookup.
 class Signature {
@@ -170,15 +171,12 @@ class Signature {
 
   bool addDouble(double x) {
     if (floats_ == Floats::kByValue) return push(std::bit_cast<int64_t>(x));
-    // nan, -inf, negative, 0, between 0 and 1, 1, above 1, +inf.
-    const int64_t category = std::isnan(x) ? 0
-                             : x < 0       ? (std::isinf(x) ? 1 : 2)
-                             : x == 0      ? 3
-                             : x < 1       ? 4
-                             : x == 1      ? 5
-                                           : (std::isinf(x) ? 7 : 6);
-    push(category);
-    for (double earlier : doubles_) push((earlier < x) - (x < earlier));
+    push(signClass(x));
+    push(rangeClass(x));
+    for (double earlier : doubles_) {
+      push((earlier < x) - (x < earlier));
+      push(rangeClass(x - earlier));
+    }
     doubles_.push_back(x);
     return true;
   }
@@ -456,7 +454,8 @@ class FakeCpuInference {
 
 // The CPU kernel's own checks and layouts (cpu_checks.h), too slow for every
 // call: once per signature. A CPU kernel checks a float argument against 0 or
-// 1 or another argument (a probability, a standard deviation, from < to);
+// 1 or another argument (a probability, a standard deviation, from < to), or
+// against the range of a dtype it converts it to (fill_, uniform_'s to - from);
 // otherwise its value changes from call to call (a learning rate, Adam's bias
 // corrections), so it counts by its class, and a new learning rate is not
 // checked again. Layouts never depend on a float's value.
