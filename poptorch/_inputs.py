@@ -140,6 +140,8 @@ def _argument_name(position: int, names: List[str]) -> str:
 def _kind(spec: Any) -> str:
     if spec.is_leaf():
         return "a Tensor or scalar"
+    if issubclass(spec.type, dict):  # the same size may hold other keys
+        return f"a {spec.type.__name__} with keys {list(spec.context)}"
     return f"a {spec.type.__name__} of {spec.num_children}"
 
 

@@ -62,6 +62,13 @@ class LossRecorder:
         if len(self.module_losses) > 1:
             raise Error("the model computes several losses: combine them and mark the result "
                         "with poptorch.identity_loss(total, reduction='none')")
+        if any(isinstance(leaf, torch.Tensor) and leaf.dim() == 0 and leaf.is_floating_point()
+               for leaf in pytree.tree_leaves(outputs)):
+            raise Error("the model returns a scalar that does not require a gradient, so it "
+                        "cannot be the loss: it is computed from no trainable parameter "
+                        "(detached, computed under torch.no_grad(), or every parameter it "
+                        "uses has requires_grad=False); compute the loss from the model's "
+                        "outputs with autograd enabled")
         raise Error("trainingModel needs a loss: return it from forward() (a scalar tensor "
                     "computed from the outputs, e.g. with torch.nn.functional.cross_entropy or "
                     "a torch loss module) or mark it with "

@@ -88,6 +88,19 @@ def test_what_changed_is_named(model):
             inference(*args, **kwargs)
 
 
+class AddsTwoEntries(torch.nn.Module):
+    def forward(self, d):
+        return d["a"] + d["b"]
+
+
+def test_a_dict_input_with_other_keys_names_them():
+    inference = poptorch.inferenceModel(AddsTwoEntries())
+    inference({"a": torch.ones(2), "b": torch.ones(2)})
+    with pytest.raises(poptorch.Error, match=r"expected a dict with keys \['a', 'b'\] but got "
+                                             r"a dict with keys \['a', 'c'\]"):
+        inference({"a": torch.ones(2), "c": torch.ones(2)})
+
+
 def test_destroy_lets_the_model_compile_for_other_inputs():
     model = Optional()
     inference = poptorch.inferenceModel(model)

@@ -292,6 +292,30 @@ def test_a_training_model_without_a_loss_is_an_error():
         ipu(torch.randn(2, 4))
 
 
+class ScalarWithoutGradient(torch.nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+        self.how = how
+        if how == "frozen":
+            self.lin.requires_grad_(False)
+
+    def forward(self, x):
+        if self.how == "no_grad":
+            with torch.no_grad():
+                return self.lin(x).sum()
+        y = self.lin(x)
+        return (y.detach() if self.how == "detached" else y).sum()
+
+
+@pytest.mark.parametrize("how", ["detached", "no_grad", "frozen"])
+def test_a_returned_scalar_that_requires_no_gradient_is_named_as_such(how):
+    model = ScalarWithoutGradient(how)
+    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="returns a scalar that does not require a gradient"):
+        ipu(torch.randn(2, 4))
+
+
 def test_bad_batches_and_changed_inputs_are_errors():
     model = Classifier()
     opts = poptorch.Options().deviceIterations(2)
