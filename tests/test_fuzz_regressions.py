@@ -242,3 +242,14 @@ def test_an_out_tensor_of_a_dtype_mean_cannot_give_is_refused_before_a_resize():
         with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
             torch.mean(torch.ones((), device=dev), -1, keepdim=True, out=t)
     assert t.shape == (0,)
+
+
+@known_issue("half_linear_of_a_strided_batch")
+def test_a_16_bit_linear_of_a_strided_batch_rounds_as_the_cpu():
+    g = torch.Generator().manual_seed(1)
+    base = (torch.randn(1, 5, 2, 1, 3, generator=g) * 2).half()
+    w = (torch.randn(2, 1, generator=g) * 2).half()
+    b = (torch.randn(2, generator=g) * 2).half()
+    results = [torch.nn.functional.linear(base.to(dev)[..., 0], w.to(dev), b.to(dev)).cpu()
+               for dev in DEVICES]
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)
