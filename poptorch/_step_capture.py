@@ -218,6 +218,14 @@ class StepCapture:
         return self.micro_step()
 
     def _backward(self, loss: torch.Tensor) -> None:
+        if not self.trainable:
+            # As in PopTorch, a training model whose parameters all have
+            # requires_grad=False (a frozen model, to train later) still runs:
+            # its step is the forward pass, buffers included, with nothing to update.
+            if self.variants == 0:
+                logger.warning("the training model has no parameter that requires grad: each "
+                               "step runs the forward pass and updates no weight")
+            return
         if loss.dim() != 0:
             loss = loss.sum()
         if self.mean.loss != 1.0:  # MeanReductionStrategy.PostAndLoss

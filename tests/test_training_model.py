@@ -129,6 +129,28 @@ def test_batch_norm_as_the_first_layer_trains_like_the_cpu():
         torch.testing.assert_close(model.state_dict()[name], value, msg=name)
 
 
+@pytest.mark.parametrize("bn_training", [False, True])
+def test_a_frozen_model_trains_as_its_forward_pass(bn_training):
+    # Every parameter has requires_grad=False (upstream norms_test
+    # test_batchNorm_eval_during_training): the step runs, updates no weight,
+    # and batch norm's statistics move only in train mode, as on the CPU.
+    torch.manual_seed(0)
+    model = Classifier(with_bn=True)
+    model.requires_grad_(False)
+    model.bn.train(bn_training)
+    reference = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
+    for call in range(2):
+        x, y = data(8, call)
+        out, loss = ipu(x, y)
+        ref_out, ref_loss = reference(x, y)
+        torch.testing.assert_close(out, ref_out)
+        torch.testing.assert_close(loss, ref_loss)
+    ipu.copyWeightsToHost()
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, msg=name)
+
+
 @pytest.mark.parametrize("mode,expected_rows", [
     (poptorch.OutputMode.All, 4 * 3 * 2), (poptorch.OutputMode.Final, 3 * 2),
     (poptorch.OutputMode.Sum, 3 * 2), (poptorch.OutputMode.EveryN, 2 * 3 * 2),
