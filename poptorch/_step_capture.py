@@ -218,25 +218,28 @@ class StepCapture:
         return self.micro_step()
 
     def _backward(self, loss: torch.Tensor) -> None:
-        if not self.trainable:
-            # As in PopTorch, a training model whose parameters all have
-            # requires_grad=False (a frozen model, to train later) still runs:
-            # its step is the forward pass, buffers included, with nothing to update.
-            if self.variants == 0:
-                logger.warning("the training model has no parameter that requires grad: each "
-                               "step runs the forward pass and updates no weight")
-            return
-        if loss.dim() != 0:
-            loss = loss.sum()
-        if self.mean.loss != 1.0:  # MeanReductionStrategy.PostAndLoss
-            loss = loss * self.mean.loss
-        grads = torch.autograd.grad(loss * self.optimizer.grad_scale, self.trainable,
-                                    allow_unused=True)
-        if all(g is None for g in grads):
-            raise Error("the loss does not depend on any trainable parameter")
+        grads = []
+        if self.trainable and loss.requires_grad:
+            if loss.dim() != 0:
+                loss = loss.sum()
+            if self.mean.loss != 1.0:  # MeanReductionStrategy.PostAndLoss
+                loss = loss * self.mean.loss
+            grads = torch.autograd.grad(loss * self.optimizer.grad_scale, self.trainable,
+                                        allow_unused=True)
         gradients = {id(p): g for p, g in zip(self.trainable, grads) if g is not None}
-        if self.anchors is not None:
+        if self.anchors is not None:  # an anchored gradient that is missing is an error
             self.anchors.take_gradients(gradients, self.optimizer.grad_scale)
+        if not gradients:
+            # As in PopTorch, a training model whose loss no parameter that
+            # requires grad reaches (a frozen model, a model in eval mode whose
+            # loss reads only its inputs) still runs: the forward pass, buffers
+            # included, and no weight update (torch's optimisers skip a
+            # parameter without a gradient).
+            if self.variants == 0:
+                logger.warning("the loss of the training model depends on no parameter that "
+                               "requires grad: each step runs the forward pass and updates "
+                               "no weight")
+            return
         if self.accumulators:
             with torch.no_grad():
                 for key, g in gradients.items():

@@ -151,6 +151,40 @@ def test_a_frozen_model_trains_as_its_forward_pass(bn_training):
         torch.testing.assert_close(model.state_dict()[name], value, msg=name)
 
 
+class _EvalDropout(torch.nn.Module):
+    """Upstream misc_nn_layers_test test_dropout_eval_during_training's model:
+    the loss reads only the inputs (dropout in eval mode), the parameter is unused."""
+
+    def __init__(self):
+        super().__init__()
+        self.dropout = torch.nn.Dropout().eval()
+        self.unused = torch.nn.Parameter(torch.ones(3))
+        self.loss = torch.nn.L1Loss()
+
+    def forward(self, x, target):
+        out = self.dropout(x)
+        return out, self.loss(out, target)
+
+
+def test_a_loss_that_reaches_no_parameter_trains_as_its_forward_pass():
+    model = _EvalDropout()
+    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1,
+                                                              weight_decay=0.1))
+    x, target = torch.randn(4, 3), torch.zeros(4, 3)
+    out, loss = ipu(x, target)
+    torch.testing.assert_close(out, x)
+    torch.testing.assert_close(loss, torch.nn.functional.l1_loss(x, target))
+    torch.testing.assert_close(model.unused, torch.ones(3))
+
+
+def test_an_anchored_gradient_the_loss_does_not_reach_is_an_error():
+    model = _EvalDropout()
+    opts = poptorch.Options().anchorTensor("g", "Gradient___unused")
+    ipu = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="unused has no gradient"):
+        ipu(torch.randn(4, 3), torch.zeros(4, 3))
+
+
 @pytest.mark.parametrize("mode,expected_rows", [
     (poptorch.OutputMode.All, 4 * 3 * 2), (poptorch.OutputMode.Final, 3 * 2),
     (poptorch.OutputMode.Sum, 3 * 2), (poptorch.OutputMode.EveryN, 2 * 3 * 2),
