@@ -33,6 +33,7 @@ from ._device_state import DeviceState
 from ._errors import Error
 from ._execution_strategy import PipelinedExecution, _ExecutionStrategy, check_split
 from ._executor_profiling import ExecutorProfiling
+from ._float64 import DEMOTED
 from ._input_groups import expand_input_groups, group_rows
 from ._logging import logger
 from ._printing import module_repr
@@ -325,15 +326,14 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         given, spec, self._input_objects = _inputs.flatten(args, kwargs)
         self._given = [leaf for leaf in given if isinstance(leaf, torch.Tensor)]
         leaves = list(given)
-        demoted = {torch.float64: torch.float32, torch.complex128: torch.complex64}
         for index, leaf in enumerate(leaves):
-            if isinstance(leaf, torch.Tensor) and leaf.dtype in demoted:
+            if isinstance(leaf, torch.Tensor) and leaf.dtype in DEMOTED:
                 if not self._warned_float64:
                     logger.warning("input %d is %s: IPUs have no 64-bit floating point, so "
                                    "64-bit inputs are demoted to 32 bits (as PopTorch does)",
                                    index, leaf.dtype)
                     self._warned_float64 = True
-                leaves[index] = leaf.to(demoted[leaf.dtype])
+                leaves[index] = leaf.to(DEMOTED[leaf.dtype])
         return expand_input_groups(leaves, self._options, self._accumulation), spec
 
     @property

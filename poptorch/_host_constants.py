@@ -9,6 +9,8 @@ computes ``(1 - target).mul_(input)``. While a step is captured, a
 ``TorchFunctionMode`` uploads such tensors when the function is called from
 Python, so the whole op runs on the ipu. Tensors a function writes (in-place
 functions, ``out=``) and 0-dim ones (host scalars mix with any device) stay.
+A float64 (complex128) tensor is uploaded in 32 bits, as PopTorch makes it a
+float32 (complex64) constant (see ``_float64``).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from typing import Any, Optional
 import torch
 import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
+
+from ._float64 import ipu_dtype
 
 
 def _ipu_device(tree: Any) -> Optional[torch.device]:
@@ -40,6 +44,8 @@ class HostConstants(TorchFunctionMode):
         device = None if writes or name in _MOVES else _ipu_device((args, kwargs))
         if device is not None:
             def upload(t: torch.Tensor) -> torch.Tensor:
-                return t.to(device) if t.device.type == "cpu" and t.dim() > 0 else t
+                if t.device.type == "cpu" and t.dim() > 0:
+                    return t.to(device, ipu_dtype(t.dtype))
+                return t
             args, kwargs = pytree.tree_map_only(torch.Tensor, upload, (args, kwargs))
         return func(*args, **kwargs)

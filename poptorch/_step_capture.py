@@ -34,6 +34,7 @@ from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import Error
+from ._float64 import Float64Demotion
 from ._replica_grouping import GroupedWeights
 from ._wrapper_options import MeanFactors
 from ._logging import logger
@@ -159,8 +160,10 @@ class StepCapture:
                 # A grouped weight's forward sees its replica's row.
                 rows = self.grouped.views(self._state.tensors) if self.grouped else {}
                 tensors = {**self._swapped_tensors(), **rows}
-                # HostConstants first: the modes entered later see a call first.
+                # HostConstants first: the modes entered later see a call first
+                # (Float64Demotion's 32-bit dtypes reach HostConstants).
                 with _precision.forward_casting(self.precision, self.model), HostConstants(), \
+                        Float64Demotion(), \
                         device_parameters(self.model, self._state.host, self._state.tensors), \
                         _buffers.kept_in_forward(self.model, {**self._state.tensors, **rows}):
                     outputs = torch.func.functional_call(self.model, tensors, self._args,

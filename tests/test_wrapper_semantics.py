@@ -4,6 +4,7 @@ outputs. Each compared with the model run on the CPU."""
 import copy
 from collections import OrderedDict
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,58 @@ def test_an_input_updated_in_place_that_the_wrapper_copied_is_updated_too():
     ipu(x, counter)
     torch.testing.assert_close(x, expected_x)
     torch.testing.assert_close(counter, expected_counter)
+
+
+class Asks64Bits(torch.nn.Module):
+    """A model that asks for 64-bit floating point one way or another."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.lin = torch.nn.Linear(2, 2)
+        self.offsets = torch.tensor([0.5, -1.0], dtype=torch.float64)  # not a buffer
+
+    def forward(self, x):
+        y = self.lin(x)
+        if self.how == "cast":
+            return y.double() * 2 + y.to(torch.float64) + y.type(torch.float64)
+        if self.how == "factory":
+            return y + torch.ones(2, dtype=torch.float64) + torch.tensor(3.0, dtype=torch.double)
+        if self.how == "from data":
+            return y + torch.tensor(np.array([1.5, 2.5])) + torch.from_numpy(np.ones(2))
+        if self.how == "host tensor":
+            return y * self.offsets
+        return y.cdouble() * (1 + 2j)
+
+
+@pytest.mark.parametrize("how", ["cast", "factory", "from data", "host tensor", "complex"])
+def test_64_bit_floats_in_the_model_run_in_32_bits_as_in_poptorch(how):
+    # Upstream type_support_test: IPUs have no 64-bit floating point, so a
+    # wrapped model runs what asks for it in 32 bits (float32, complex64).
+    torch.manual_seed(0)
+    model = Asks64Bits(how)
+    x = torch.randn(3, 2)
+    expected = model(x)
+    out = poptorch.inferenceModel(model)(x)
+    assert out.dtype == {torch.float64: torch.float32,
+                         torch.complex128: torch.complex64}[expected.dtype]
+    torch.testing.assert_close(out, expected.to(out.dtype))
+
+
+class Casts64BitsWithALoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = Asks64Bits("cast")
+
+    def forward(self, x, target):
+        out = self.model(x)
+        return out, F.mse_loss(out.float(), target)
+
+
+def test_64_bit_casts_in_a_training_model_train_like_the_cpu():
+    torch.manual_seed(0)
+    batches = [(torch.randn(4, 2), torch.randn(4, 2)) for _ in range(3)]
+    train_beside_the_cpu(Casts64BitsWithALoss(), batches, lambda out: out[1])
 
 
 class ScalesByAScalar(torch.nn.Module):
