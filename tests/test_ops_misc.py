@@ -27,8 +27,10 @@ def test_nop_is_an_identity_that_stays_in_the_graph(device):
 def test_dynamic_slice_and_update_match_narrow(device):
     x = torch.arange(20.).reshape(4, 5)
     start = torch.tensor(1)
-    sliced = poptorch.dynamic_slice(*_on(device, x), 1, start.to(device), 2, 2)
-    torch.testing.assert_close(sliced.cpu(), x[:, 1:5:2])
+    # As in PopTorch: x[:, start:start + size:step] (upstream slice_test)
+    for size, step in ((2, 2), (4, 3), (4, 2), (3, 1)):
+        sliced = poptorch.dynamic_slice(*_on(device, x), 1, start.to(device), size, step)
+        torch.testing.assert_close(sliced.cpu(), x[:, 1:1 + size:step])
     src = -torch.ones(2, 5)
     updated = poptorch.dynamic_update(*_on(device, x, src), 0, start.to(device), 2)
     expected = x.clone()
@@ -79,8 +81,10 @@ def test_dynamic_slicing_errors():
         poptorch.dynamic_slice(x, 0, 1, 2, 1)
     with pytest.raises(poptorch.Error, match="one element"):
         poptorch.dynamic_slice(x, 0, torch.tensor([0.5]), 2, 1)
-    with pytest.raises(poptorch.Error, match="size must be at least 1"):
+    with pytest.raises(poptorch.Error, match="size must be at least 1.*must be different"):
         poptorch.dynamic_slice(x, 0, torch.tensor(0), 0, 1)
+    with pytest.raises(poptorch.Error, match="end less than the start is not supported"):
+        poptorch.dynamic_slice(x, 0, torch.tensor(2), -2, 1)
     with pytest.raises(poptorch.Error, match="same dtype"):
         poptorch.dynamic_update(x, torch.zeros(1, 4, dtype=torch.int32), 0, torch.tensor(0), 1)
     with pytest.raises(poptorch.Error, match=r"src must have shape \[2, 4\]"):

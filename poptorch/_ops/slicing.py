@@ -3,21 +3,32 @@ is a tensor, so a compiled step reads it on the device on every run (a Python
 ``int(start)`` would be a host read, specialised on the value seen)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .._errors import Error
 
 
-def _check_int(name: str, value: object, what: str, minimum: int) -> None:
+def _check_int(name: str, value: object, what: str, minimum: Optional[int]) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise Error(f"{what}: {name} must be an integer, got {type(value).__name__}")
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise Error(f"{what}: {name} must be at least {minimum}, got {value}")
+
+
+def _check_size(size: object, what: str) -> None:
+    """A slice's size is end - start: PopTorch's words for one that is not positive."""
+    _check_int("size", size, what, None)
+    if size <= 0:
+        why = ("The start and end of a slice must be different." if size == 0 else
+               "Taking a slice of a tensor with the end less than the start is not supported.")
+        raise Error(f"{what}: size must be at least 1, got {size}. {why}")
 
 
 def _indices(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int, step: int,
              what: str) -> torch.Tensor:
-    """The positions ``start, start + step, ...`` (``size`` of them) along ``dim``."""
+    """The positions ``start, start + step, ...`` below ``start + size`` along ``dim``."""
     if not isinstance(start, torch.Tensor):
         raise Error(f"{what}: the start must be a torch.Tensor, got {type(start).__name__}")
     if start.numel() != 1 or start.is_floating_point() or start.is_complex():
@@ -27,21 +38,22 @@ def _indices(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int, ste
         raise Error(f"{what}: dim {dim} is out of range for a tensor of {tensor.dim()} "
                     "dimensions")
     first = start.to(tensor.device).reshape(()).to(torch.int64)
-    return first + torch.arange(size, device=tensor.device) * step
+    return first + torch.arange(0, size, step, device=tensor.device)
 
 
 def dynamic_slice(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int,
                   step: int) -> torch.Tensor:
-    """``size`` elements of ``tensor`` along ``dim``, every ``step``-th from
-    ``start`` (a one-element integer tensor): ``tensor.narrow``, with a start
-    read on the device. Positions past the end raise an IndexError when the
-    program runs."""
+    """``tensor[start:start + size:step]`` along ``dim``, as in PopTorch, with
+    ``start`` a one-element integer tensor read on the device: ``size`` (the
+    slice's end minus its start) and ``step`` are constants, so the result has
+    ``ceil(size / step)`` elements along ``dim``. Positions past the end raise
+    an IndexError when the program runs."""
     what = "dynamic_slice"
     if not isinstance(tensor, torch.Tensor):
         raise Error(f"{what} must take a torch.Tensor input; {type(tensor).__name__} is not "
                     "supported")
     _check_int("dim", dim, what, -tensor.dim())
-    _check_int("size", size, what, 1)
+    _check_size(size, what)
     _check_int("step", step, what, 1)
     return tensor.index_select(dim, _indices(tensor, dim, start, size, step, what))
 
@@ -56,7 +68,7 @@ def dynamic_update(input: torch.Tensor, src: torch.Tensor, dim: int, start: torc
         if not isinstance(value, torch.Tensor):
             raise Error(f"{what}: {name} must be a torch.Tensor, got {type(value).__name__}")
     _check_int("dim", dim, what, -input.dim())
-    _check_int("size", size, what, 1)
+    _check_size(size, what)
     if input.dim() != src.dim():
         raise Error(f"{what}: input and src tensors must have the same number of dimensions "
                     f"({input.dim()} vs {src.dim()})")
