@@ -124,6 +124,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         self._destroyed = False
         self._lock = threading.RLock()
         self._warned_float64 = False
+        self._warned_grad = False  # an input with requires_grad=True was logged
         seed = self._options.random_seed
         self._rng = torch.Generator()
         self._rng.manual_seed(seed if seed is not None else torch.initial_seed())
@@ -327,6 +328,12 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         self._given = [leaf for leaf in given if isinstance(leaf, torch.Tensor)]
         leaves = list(given)
         for index, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor) and leaf.requires_grad and not self._warned_grad:
+                # PopTorch's words: the step's outputs do not flow back to the inputs.
+                logger.warning("input %d: Input tensor has requires_grad=True set.This tensor "
+                               "will be detached. (No gradient reaches it from the IPU.)",
+                               index)
+                self._warned_grad = True
             if isinstance(leaf, torch.Tensor) and leaf.dtype in DEMOTED:
                 if not self._warned_float64:
                     logger.warning("input %d is %s: IPUs have no 64-bit floating point, so "

@@ -131,3 +131,16 @@ def test_an_output_computed_on_the_host_is_a_constant_of_the_step(caplog, monkey
     assert [float(inference()) for _ in range(3)] == [1.0] * 3
     assert float(model.i) == 1.0
     assert any("constant of the step" in r.getMessage() for r in caplog.records)
+
+
+def test_an_input_that_requires_grad_is_detached_with_poptorchs_warning(caplog, monkeypatch):
+    # Upstream tensor_ops_test test_requires_grad_true checks PopTorch's words.
+    monkeypatch.setattr(logger, "propagate", True)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    x = torch.tensor([0.5], requires_grad=True)
+    out = poptorch.inferenceModel(model)(x)
+    torch.testing.assert_close(out, model(x).detach())
+    assert not out.requires_grad and x.grad is None
+    assert any("Input tensor has requires_grad=True set.This tensor will be detached."
+               in r.getMessage() for r in caplog.records)
