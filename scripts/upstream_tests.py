@@ -3,11 +3,11 @@
     python scripts/upstream_tests.py DIR [options_test.py api.py ...] [--poptorch ROOT]
 
 DIR holds copies of Graphcore's files (see docs/testing.md): DIR/tests/*_test.py
-with their conftest.py and helpers.py, DIR/docs/user_guide/*.py, and our shim
-DIR/conftest.py. Each test file runs in its own pytest process in DIR/tests (a
-time limit per file, --timeout), each example as a script in DIR/run_ug (which
-holds tmp/poptorch.conf, where the examples look for it), with ROOT (this
-worktree by default) first on PYTHONPATH. Logs go to DIR/logs/ (--logs); a
+with their conftest.py and helpers.py, DIR/docs/user_guide/*.py, DIR/examples/*.py,
+and our shim DIR/conftest.py. Each test file runs in its own pytest process in
+DIR/tests (a time limit per file, --timeout), each example as a script in
+DIR/run_ug (which holds tmp/poptorch.conf, where the user guide's examples look
+for it), with ROOT (this worktree by default) first on PYTHONPATH. Logs go to DIR/logs/ (--logs); a
 table of counts is printed and written to summary.md there, and each failed
 test with its error to FILE.failures.txt, to classify.
 """
@@ -69,17 +69,17 @@ def run_test_file(directory: Path, logs: Path, name: str, poptorch_root: Path,
     return counts, finished
 
 
-def run_example(directory: Path, logs: Path, name: str, poptorch_root: Path,
+def run_example(directory: Path, logs: Path, script: Path, poptorch_root: Path,
                 timeout: int) -> bool:
     work = directory / "run_ug"
     (work / "tmp").mkdir(parents=True, exist_ok=True)
     conf = directory / "docs" / "user_guide" / "poptorch.conf"
     if conf.exists():
         shutil.copy(conf, work / "tmp" / "poptorch.conf")
-    log = logs / f"ug_{name}.log"
+    log = logs / f"{script.parent.name}_{script.name}.log"  # user_guide_ or examples_
     with log.open("w") as out:
         try:
-            done = subprocess.run([sys.executable, str(directory / "docs" / "user_guide" / name)],
+            done = subprocess.run([sys.executable, str(script)],
                                   cwd=work, env=_env(poptorch_root), stdout=out,
                                   stderr=subprocess.STDOUT, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
@@ -90,7 +90,7 @@ def run_example(directory: Path, logs: Path, name: str, poptorch_root: Path,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", type=Path)
-    parser.add_argument("files", nargs="*", help="test files or user guide examples")
+    parser.add_argument("files", nargs="*", help="test files or examples")
     parser.add_argument("--poptorch", type=Path, default=ROOT,
                         help="the poptorch tree to test (put first on PYTHONPATH)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per file")
@@ -98,10 +98,11 @@ def main() -> None:
     args = parser.parse_intermixed_args()
     directory = args.directory.resolve()
     tests = sorted(p.name for p in (directory / "tests").glob("*_test.py"))
-    examples = sorted(p.name for p in (directory / "docs" / "user_guide").glob("*.py"))
+    examples = sorted((directory / "docs" / "user_guide").glob("*.py")) + sorted(
+        (directory / "examples").glob("*.py"))
     if args.files:
         tests = [f for f in tests if f in args.files]
-        examples = [f for f in examples if f in args.files]
+        examples = [e for e in examples if e.name in args.files]
     logs = directory / args.logs
     logs.mkdir(exist_ok=True)
     rows: List[str] = ["| file | passed | failed | skipped |", "| --- | ---: | ---: | ---: |"]
@@ -112,9 +113,9 @@ def main() -> None:
         rows.append(f"| {label} | {counts['PASSED']} | {counts['FAILED']} | "
                     f"{counts['SKIPPED']} |")
         print(rows[-1], flush=True)
-    for name in examples:
-        ok = run_example(directory, logs, name, args.poptorch.resolve(), args.timeout)
-        rows.append(f"| user_guide/{name} | {int(ok)} | {int(not ok)} | 0 |")
+    for script in examples:
+        ok = run_example(directory, logs, script, args.poptorch.resolve(), args.timeout)
+        rows.append(f"| {script.parent.name}/{script.name} | {int(ok)} | {int(not ok)} | 0 |")
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     (logs / "summary.md").write_text(table + "\n")
