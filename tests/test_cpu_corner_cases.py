@@ -107,3 +107,22 @@ def test_mode_gradients_match_the_cpu():
         (torch.mode(leaf, 1).values * torch.tensor([2.0, 3.0], device=d)).sum().backward()
         grads[d] = leaf.grad
     assert_same(grads["cpu"], grads["ipu"])
+
+
+
+@pytest.mark.parametrize("default", [torch.bfloat16, torch.float16])
+def test_integer_inputs_promote_to_the_default_dtype_of_each_call(default):
+    """True division and sqrt of integer tensors give the default dtype: a change of it
+    between two calls of one signature gives the new dtype, as on the CPU."""
+    a, b = torch.tensor([7, -9, 1001]), torch.tensor([2, 4, 3])
+    results = {}
+    for d in ("cpu", "ipu"):
+        # Each result is read under the default dtype of its call: the run still computes in
+        # the default dtype of the time it runs (docs/testing.md, "What float64 hid").
+        first = (a.to(d) / b.to(d)).cpu()  # float32: a signature seen before
+        torch.set_default_dtype(default)
+        try:
+            results[d] = [first, (a.to(d) / b.to(d)).cpu(), torch.sqrt(a.abs().to(d)).cpu()]
+        finally:
+            torch.set_default_dtype(torch.float32)
+    torch.testing.assert_close(results["ipu"], results["cpu"])

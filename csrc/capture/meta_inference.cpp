@@ -8,6 +8,7 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 #include <absl/hash/hash.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/TensorImpl.h>
 
@@ -126,6 +127,9 @@ class Signature {
       : key_(key), floats_(floats) {
     key_.clear();
     key_.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(&op.schema())));
+    // Ops that promote integer inputs to floating point (true division, sqrt
+    // of an int tensor) give a result of the default dtype.
+    key_.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   }
 
   // False when a value has a kind that is not worth keying on.
