@@ -1,22 +1,25 @@
 """Independent nodes on two threads (runtime/inter_op.h): the values are those of the
-nodes run in program order, the same at every run, and failures stay where they were."""
+nodes run in program order, the same at every run, and failures stay where they were.
+POPTORCH_INTER_OP=2 runs every segment of independent nodes on two threads, 1 those
+where the estimate of the kernels' times says it pays (compiler/parallel_ranges.h)."""
 import copy
 
 import pytest
 import torch
 
 import poptorch
+from poptorch import _C
 
 
 class Branches(torch.nn.Module):
     """Two branches of a block, then a head: in the backward, each Linear's weight and input
     gradients are independent, and so are the branches; so are the parameters' updates."""
 
-    def __init__(self):
+    def __init__(self, width: int = 32, hidden: int = 64):
         super().__init__()
-        self.left = torch.nn.Linear(32, 64)
-        self.right = torch.nn.Linear(32, 64)
-        self.head = torch.nn.Linear(64, 5)
+        self.left = torch.nn.Linear(width, hidden)
+        self.right = torch.nn.Linear(width, hidden)
+        self.head = torch.nn.Linear(hidden, 5)
         self.loss = torch.nn.CrossEntropyLoss()
 
     def forward(self, x, y):
@@ -24,16 +27,22 @@ class Branches(torch.nn.Module):
         return out, self.loss(out, y)
 
 
-def train(inter_op: str, monkeypatch, steps: int = 3):
+# Small layers (every segment on two threads), and layers whose products the estimate
+# runs side by side (as it does the MLP benchmark's).
+SIZES = {"2": (32, 64), "1": (512, 512)}
+
+
+def train(inter_op: str, monkeypatch, steps: int = 3, sizes=None):
     monkeypatch.setenv("POPTORCH_INTER_OP", inter_op)  # read when a program is made
     torch.manual_seed(0)
-    model = Branches()
+    width, hidden = sizes or SIZES[inter_op]
+    model = Branches(width, hidden)
     reference = copy.deepcopy(model)
     options = poptorch.Options().deviceIterations(4)
     optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     training = poptorch.trainingModel(model, options, optimizer)
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(4 * 8, 32, generator=g), torch.randint(0, 5, (4 * 8,), generator=g)
+    x, y = torch.randn(4 * 8, width, generator=g), torch.randint(0, 5, (4 * 8,), generator=g)
     losses = [training(x, y)[1] for _ in range(steps)]
     return losses, {k: v.clone() for k, v in training.state_dict().items()}, reference, (x, y)
 
@@ -46,9 +55,10 @@ def two_threads():
     torch.set_num_threads(threads)
 
 
-def test_training_matches_the_cpu_and_program_order(monkeypatch):
-    losses, weights, reference, (x, y) = train("1", monkeypatch)
-    order_losses, order_weights, _, _ = train("0", monkeypatch)
+@pytest.mark.parametrize("inter_op", ["1", "2"])
+def test_training_matches_the_cpu_and_program_order(monkeypatch, inter_op):
+    losses, weights, reference, (x, y) = train(inter_op, monkeypatch)
+    order_losses, order_weights, _, _ = train("0", monkeypatch, sizes=SIZES[inter_op])
     # A kernel's last bits may depend on how many threads it ran on (as on the CPU).
     for a, b in zip(losses, order_losses):
         torch.testing.assert_close(a, b)
@@ -65,17 +75,37 @@ def test_training_matches_the_cpu_and_program_order(monkeypatch):
         torch.testing.assert_close(weights[name], value, msg=name)
 
 
-def test_the_values_are_the_same_at_every_run(monkeypatch):
-    losses, weights, _, _ = train("1", monkeypatch)
-    again, again_weights, _, _ = train("1", monkeypatch)
+@pytest.mark.parametrize("inter_op", ["1", "2"])
+def test_the_values_are_the_same_at_every_run(monkeypatch, inter_op):
+    losses, weights, _, _ = train(inter_op, monkeypatch)
+    again, again_weights, _, _ = train(inter_op, monkeypatch)
     for a, b in zip(losses, again):
         assert torch.equal(a, b)
     for name, value in weights.items():
         assert torch.equal(value, again_weights[name]), name
 
 
+def threads_used(inter_op: str, monkeypatch, sizes) -> set:
+    """The threads (profiler tracks) the nodes of the training steps ran on."""
+    _C.profiling_set_enabled(True)
+    try:
+        _C.profiling_take()
+        train(inter_op, monkeypatch, steps=1, sizes=sizes)
+        return {event[6] for event in _C.profiling_take() if event[0] == 0}
+    finally:
+        _C.profiling_set_enabled(False)
+
+
+def test_the_estimate_chooses_two_threads_for_independent_products_only(monkeypatch):
+    assert threads_used("1", monkeypatch, SIZES["1"]) == {0, 1}
+    # Tiny layers: every hand-off between threads would cost more than it saves.
+    assert threads_used("1", monkeypatch, SIZES["2"]) == {0}
+    assert threads_used("2", monkeypatch, SIZES["2"]) == {0, 1}
+    assert threads_used("0", monkeypatch, SIZES["1"]) == {0}
+
+
 def test_a_failing_branch_leaves_the_independent_one_computed(monkeypatch):
-    monkeypatch.setenv("POPTORCH_INTER_OP", "1")
+    monkeypatch.setenv("POPTORCH_INTER_OP", "2")
     x = torch.arange(16.0, device="ipu").reshape(4, 4)
     good = [x @ x, x.sin(), x * 2]
     bad = torch.index_select(x, 0, torch.tensor([9], device="ipu")).exp()

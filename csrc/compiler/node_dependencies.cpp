@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "compiler/executable.h"
+#include "compiler/parallel_ranges.h"
 
 namespace poptorch::compiler {
 namespace {
@@ -126,6 +127,7 @@ NodeDependencies nodeDependencies(const Executable& exe) {
       deps.segments.push_back({index, index + 1});
     }
   }
+  deps.parallel_ranges = chooseParallelRanges(exe, deps);
   return deps;
 }
 

@@ -26,6 +26,9 @@ struct NodeDependencies {
     int32_t end = 0;
   };
   std::vector<Segment> segments;
+  // The ranges of segments where running their nodes on two threads is
+  // estimated to pay (see compiler/parallel_ranges.h), in order.
+  std::vector<Segment> parallel_ranges;
 
   // True when some segment holds nodes that may run at once.
   bool parallel() const;

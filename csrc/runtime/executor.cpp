@@ -543,44 +543,49 @@ bool runRange(Run& run, Frame& frame, const compiler::Executable& exe, const ir:
   return all_ran;
 }
 
-// Runs `exe` segment by segment (compiler::NodeDependencies): a node that runs
-// alone on the calling thread, its kernel on every core; the nodes of a longer
-// segment on two threads, each kernel on one. A temporary whose last use in
-// program order is in a segment is freed after the whole segment: a node
-// before that use may still be reading it.
-void runSegments(Run& run, const compiler::Executable& exe, const ir::Graph& captured,
-                 OnError on_error) {
+// Runs `exe` with the nodes of each of `ranges` on two threads, each kernel on
+// one (runtime/inter_op.h), and the others in program order on the calling
+// thread, each kernel on every core. A temporary whose last use in program
+// order is in a two-thread range is freed after the whole range: a node before
+// that use may still be reading it.
+void runInRanges(Run& run, const compiler::Executable& exe, const ir::Graph& captured,
+                 OnError on_error, const Ranges& ranges) {
   // (The other thread takes on the calling thread's state, this included.)
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   const bool profiling = profiling::enabled();
   Frame frames[2];
-  for (const compiler::NodeDependencies::Segment& segment : exe.dependencies.segments) {
-    std::atomic<bool> failed{false};
-    if (segment.end - segment.begin == 1) {
-      failed = !runNode(run, exe, captured, segment.begin, frames[0], profiling);
-    } else {
-      runSegmentOnTwoThreads(
-          exe.dependencies, segment, on_error == OnError::kStop, [&](size_t i, int thread) {
-            const bool ok = runNode(run, exe, captured, i, frames[thread], profiling);
-            if (!ok) failed.store(true, std::memory_order_relaxed);
-            return ok;
-          });
+  size_t next = 0;  // the first node not run yet
+  for (const compiler::NodeDependencies::Segment& range : ranges) {
+    if (range.end - range.begin < 2) continue;
+    if (!runRange(run, frames[0], exe, captured, next, static_cast<size_t>(range.begin),
+                  on_error) &&
+        on_error == OnError::kStop) {
+      return;
     }
-    for (int32_t i = segment.begin; i < segment.end; ++i) run.release(static_cast<size_t>(i));
+    std::atomic<bool> failed{false};
+    runSegmentOnTwoThreads(
+        exe.dependencies, range, on_error == OnError::kStop, [&](size_t i, int thread) {
+          const bool ok = runNode(run, exe, captured, i, frames[thread], profiling);
+          if (!ok) failed.store(true, std::memory_order_relaxed);
+          return ok;
+        });
+    for (int32_t i = range.begin; i < range.end; ++i) run.release(static_cast<size_t>(i));
     if (failed && on_error == OnError::kStop) return;
+    next = static_cast<size_t>(range.end);
   }
+  runRange(run, frames[0], exe, captured, next, exe.program.nodes.size(), on_error);
 }
 
 }  // namespace
 
 std::exception_ptr execute(const compiler::Executable& exe, const ir::Graph& captured,
                            const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt,
-                           OnError on_error, bool inter_op) {
+                           OnError on_error, const Ranges* two_thread_ranges) {
   Run run(exe, storages, seed_salt);
   const bool profiling = profiling::enabled();
   const int64_t start = profiling ? profiling::now() : 0;
-  if (inter_op && exe.dependencies.parallel() && interOpAvailable()) {
-    runSegments(run, exe, captured, on_error);
+  if (two_thread_ranges != nullptr && !two_thread_ranges->empty() && interOpAvailable()) {
+    runInRanges(run, exe, captured, on_error, *two_thread_ranges);
   } else {
     Frame frame;
     runRange(run, frame, exe, captured, 0, exe.program.nodes.size(), on_error);

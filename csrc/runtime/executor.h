@@ -29,15 +29,18 @@ enum class OnError {
 // that failed nodes would write are poisoned with their error
 // (device::poison); those the run computes whole again are cured. Returns the
 // first error, or null. A GuardFailure propagates, and then nothing is poisoned.
-// With `inter_op`, independent nodes may run at the same time (see
-// runtime/inter_op.h): the caller vouches that no node needs to run alone
+// The nodes of each range of `two_thread_ranges` (ranges of the segments of
+// exe.dependencies, in order; null: none) run on two threads, independent
+// nodes at the same time (see runtime/inter_op.h), the others in program
+// order: the caller vouches that no node of those ranges needs to run alone
 // (nodes with host effects, random ops drawing from the default generator, a
 // deterministic-algorithms setting other than the current one). With kStop,
 // nodes independent of the failing one may then have run although they come
 // after it in program order.
+using Ranges = std::vector<compiler::NodeDependencies::Segment>;
 std::exception_ptr execute(const compiler::Executable& exe, const ir::Graph& captured,
                            const std::vector<c10::StorageImpl*>& storages, uint64_t seed_salt,
-                           OnError on_error, bool inter_op);
+                           OnError on_error, const Ranges* two_thread_ranges);
 
 // One run of `exe` made in parts, each a range of its nodes in program order
 // (a pipeline's stages), possibly each on another thread but never two at

@@ -13,6 +13,22 @@
 #include "runtime/guard_failure.h"
 
 namespace poptorch::runtime {
+namespace {
+
+// POPTORCH_INTER_OP: the ranges of `exe` whose independent nodes run on two
+// threads (runtime/inter_op.h): 0 none, 1 those where the estimate says it
+// pays (compiler/parallel_ranges.h), 2 every segment with independent nodes
+// (for tests and measurements). Null for none.
+const Ranges* twoThreadRanges(const compiler::Executable& exe) {
+  const int64_t mode = integerFromEnvironment("POPTORCH_INTER_OP", 0, 0);
+  TORCH_CHECK_VALUE(mode <= 2, "POPTORCH_INTER_OP must be 0, 1 or 2, got ", mode);
+  const compiler::NodeDependencies& deps = exe.dependencies;
+  if (mode == 1 && !deps.parallel_ranges.empty()) return &deps.parallel_ranges;
+  if (mode == 2 && deps.parallel()) return &deps.segments;
+  return nullptr;
+}
+
+}  // namespace
 
 Program::Program(std::shared_ptr<const compiler::Executable> executable, ir::Graph graph,
                  std::vector<c10::Storage> storages)
@@ -35,15 +51,16 @@ Program::Program(std::shared_ptr<const compiler::Executable> executable,
     split = split || node.placement.ipu != 0;
   }
   needs_calling_thread_ = needs_calling_thread_ || host_effects_;
-  inter_op_ = !needs_calling_thread_ && executable_->dependencies.parallel() &&
-              integerFromEnvironment("POPTORCH_INTER_OP", 0, 0) != 0;
-  if (inter_op_) {
+  two_thread_ranges_ = needs_calling_thread_ ? nullptr : twoThreadRanges(*executable_);
+  if (two_thread_ranges_ != nullptr) {
     deterministic_ = graph_->nodes.front().deterministic;
     deterministic_warn_only_ = graph_->nodes.front().deterministic_warn_only;
-    inter_op_ = std::all_of(graph_->nodes.begin(), graph_->nodes.end(), [&](const ir::Node& node) {
-      return node.deterministic == deterministic_ &&
-             node.deterministic_warn_only == deterministic_warn_only_;
-    });
+    const bool one_setting =
+        std::all_of(graph_->nodes.begin(), graph_->nodes.end(), [&](const ir::Node& node) {
+          return node.deterministic == deterministic_ &&
+                 node.deterministic_warn_only == deterministic_warn_only_;
+        });
+    if (!one_setting) two_thread_ranges_ = nullptr;
   }
   if (split) exchanged_bytes_ = compiler::bytesExchangedBetweenIpus(executable_->program);
 }
@@ -122,12 +139,12 @@ std::exception_ptr Program::tryRun(uint64_t seed_salt) const {
 std::exception_ptr Program::execute(uint64_t seed_salt, OnError on_error) const {
   const auto start = std::chrono::steady_clock::now();
   const at::Context& context = at::globalContext();
-  const bool inter_op = inter_op_ && context.deterministicAlgorithms() == deterministic_ &&
+  const bool inter_op = context.deterministicAlgorithms() == deterministic_ &&
                         context.deterministicAlgorithmsWarnOnly() == deterministic_warn_only_;
   std::exception_ptr error =
-      executable_->has_guards
-          ? runGuarded(seed_salt, on_error)
-          : runtime::execute(*executable_, *graph_, external_, seed_salt, on_error, inter_op);
+      executable_->has_guards ? runGuarded(seed_salt, on_error)
+                              : runtime::execute(*executable_, *graph_, external_, seed_salt,
+                                                 on_error, inter_op ? two_thread_ranges_ : nullptr);
   countRun(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return error;
 }
@@ -202,7 +219,7 @@ std::exception_ptr Program::runGuarded(uint64_t seed_salt, OnError on_error) con
   }
   try {
     return runtime::execute(*executable_, *graph_, external_, seed_salt, on_error,
-                            /*inter_op=*/false);
+                            /*two_thread_ranges=*/nullptr);
   } catch (GuardFailure& failure) {
     for (auto& [bytes, copy] : saved) bytes.copy_(copy);
     auto site = graph_->guard_sites.find(failure.node);

@@ -110,9 +110,10 @@ class Program {
   std::vector<c10::StorageImpl*> external_;  // per buffer, null unless external
   bool needs_calling_thread_ = false;
   bool host_effects_ = false;
-  // Independent nodes may run at the same time (see execute()) when the
-  // deterministic-algorithms setting is the one every node was captured under.
-  bool inter_op_ = false;
+  // Ranges whose independent nodes may run at the same time (see execute()),
+  // or null, when the deterministic-algorithms setting is the one every node
+  // was captured under.
+  const Ranges* two_thread_ranges_ = nullptr;
   bool deterministic_ = false;
   bool deterministic_warn_only_ = false;
   // Bytes a run moves between IPUs (compiler::bytesExchangedBetweenIpus).

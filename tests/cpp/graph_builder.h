@@ -8,12 +8,21 @@
 #include <utility>
 #include <vector>
 
+#include "compiler/node_dependencies.h"
 #include "ir/graph.h"
 
 namespace poptorch::testing {
 
 inline c10::OperatorHandle aten(const char* name, const char* overload = "") {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+// Ranges of nodes [begin, end) as pairs, which tests compare and print.
+using Ranges = std::vector<std::pair<int32_t, int32_t>>;
+inline Ranges pairsOf(const std::vector<compiler::NodeDependencies::Segment>& ranges) {
+  Ranges pairs;
+  for (const auto& r : ranges) pairs.emplace_back(r.begin, r.end);
+  return pairs;
 }
 
 class GraphBuilder {

@@ -25,7 +25,7 @@ TEST(Serialization, EveryFieldIsKnown) {
   EXPECT_EQ(sizeof(ir::Node), 240u) << "ir::Node has a new field";
   EXPECT_EQ(sizeof(ir::BufferInfo), 16u) << "ir::BufferInfo has a new field";
   EXPECT_EQ(sizeof(ir::Graph), 88u) << "ir::Graph has a new field";
-  EXPECT_EQ(sizeof(compiler::Executable), 344u) << "compiler::Executable has a new field";
+  EXPECT_EQ(sizeof(compiler::Executable), 368u) << "compiler::Executable has a new field";
 }
 
 // A graph that exercises every kind of argument and plan: runtime Scalars,
