@@ -1,8 +1,24 @@
 """torch.use_deterministic_algorithms on the ipu: kernels see the setting of
-the op's call, not the one in force when the graph runs."""
+the op's call, not the one in force when the graph runs, and memory the CPU
+fills in that mode (new tensors, grown storages, resized out= tensors) holds
+the CPU's values."""
+import contextlib
+from typing import Iterator, Tuple
+
+import pytest
 import torch
 
+import poptorch
 from poptorch.testing import assert_same
+
+
+@contextlib.contextmanager
+def _deterministic(warn_only: bool = False) -> Iterator[None]:
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 def _index_copy_of_repeated_indices(device):
@@ -15,24 +31,89 @@ def _index_copy_of_repeated_indices(device):
 
 
 def test_the_setting_at_the_call_decides_not_the_one_at_the_sync():
-    try:
-        torch.use_deterministic_algorithms(True)
+    with _deterministic():
         expected = _index_copy_of_repeated_indices("cpu")
         result = _index_copy_of_repeated_indices("ipu")
-    finally:
-        torch.use_deterministic_algorithms(False)
     # Read after the setting was switched off; with several threads the
     # CPU's other kernel would give other rows.
     assert torch.equal(result.cpu(), expected)
 
 
-def test_new_memory_is_filled_deterministically_like_the_cpu():
-    try:
-        torch.use_deterministic_algorithms(True)
-        cpu = (torch.empty(3), torch.empty(2, dtype=torch.int32))
-        ipu = (torch.empty(3, device="ipu"), torch.empty(2, dtype=torch.int32, device="ipu"))
-        cpu += (torch.ones(2).resize_(5),)
-        ipu += (torch.ones(2, device="ipu").resize_(5),)
-    finally:
-        torch.use_deterministic_algorithms(False)
+DTYPES = [torch.float32, torch.float16, torch.int32, torch.int64, torch.uint8, torch.bool]
+
+
+def _new_memory(device: str, dtype: torch.dtype):
+    """Every way to get memory the CPU fills in deterministic mode (NaN, or the
+    largest integer): factories, and storages grown by resizing."""
+    like = torch.zeros(3, 4, dtype=dtype, device=device)
+    return (torch.empty(3, dtype=dtype, device=device),
+            torch.empty(2, 3, dtype=dtype, device=device, out=torch.zeros(1, dtype=dtype,
+                                                                         device=device)),
+            torch.empty_like(like.t()),
+            torch.empty_strided((3, 2), (1, 3), dtype=dtype, device=device),
+            torch.empty_permuted((2, 3, 5), (1, 0, 2), dtype=dtype, device=device),
+            like.new_empty((2, 2)),
+            torch.ones(2, dtype=dtype, device=device).resize_(5),
+            torch.ones(2, 3, dtype=dtype, device=device).t().resize_(4, 3),
+            torch.ones(2, dtype=dtype, device=device).resize_as_(like))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_new_memory_is_filled_deterministically_like_the_cpu(dtype):
+    with _deterministic():
+        cpu = _new_memory("cpu", dtype)
+        ipu = _new_memory("ipu", dtype)
     assert_same(cpu, ipu, equal_nan=True)
+
+
+def _tensors_from_data(device: str):
+    return (torch.tensor([1, 2, 3], device=device), torch.tensor([1.5, -2.0], device=device),
+            torch.tensor([True, False], device=device), torch.as_tensor([[4, 5]], device=device),
+            torch.zeros(1, device=device).new_tensor([7.0, 8.0]))
+
+
+@pytest.mark.parametrize("warn_only", [False, True])
+def test_tensors_from_python_data(warn_only):
+    """torch.tensor(data, device="ipu") copies the data with Python dispatch
+    excluded; the fill of its new ipu memory inferred its results on fake CPU
+    tensors without FakeTensor's mode, and crashed in the CPU fill kernel."""
+    with _deterministic(warn_only):
+        cpu = _tensors_from_data("cpu")
+        ipu = _tensors_from_data("ipu")
+    assert_same(cpu, ipu)
+
+
+def _out_resized(device: str, out_numel: int) -> Tuple[torch.Tensor, ...]:
+    x = torch.arange(15.0, device=device).reshape(5, 3)
+    index = torch.tensor([0, 2, 4], device=device)
+
+    def out(dtype=torch.float32):
+        return torch.empty(out_numel, dtype=dtype, device=device)
+
+    return (torch.index_select(x, 0, index, out=out()), torch.add(x, 1, out=out()),
+            torch.sum(x, 0, out=out()), torch.cat([x, x], out=out()),
+            torch.argmax(x, 1, out=out(torch.int64)), torch.arange(4.0, out=out()))
+
+
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+@pytest.mark.parametrize("warn_only", [False, True])
+@pytest.mark.parametrize("out_numel", [0, 7], ids=["empty_out", "other_size_out"])
+def test_out_tensors_resized_by_the_op(warn_only, out_numel):
+    with _deterministic(warn_only):
+        cpu = _out_resized("cpu", out_numel)
+        ipu = _out_resized("ipu", out_numel)
+    assert_same(cpu, ipu)
+
+
+def test_ops_run_on_the_ipu_with_python_dispatch_disabled():
+    """Ops whose results capture infers on fake CPU tensors are still captured
+    (not run on the host) when the caller disabled Python dispatch."""
+    x = torch.randn(5, 3)
+    index = torch.tensor([0, 2])
+    ipu_x, ipu_index = x.to("ipu"), index.to("ipu")
+    before = poptorch.metrics()["host_fallbacks"]
+    with torch._C._DisableTorchDispatch():
+        result = torch.index_select(ipu_x, 0, ipu_index)
+        filled = torch.empty(2, 2, device="ipu").fill_(3.0)
+    assert poptorch.metrics()["host_fallbacks"] == before
+    assert_same((torch.index_select(x, 0, index), torch.full((2, 2), 3.0)), (result, filled))

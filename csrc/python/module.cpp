@@ -233,6 +233,15 @@ capture::FakeCpuRunner fakeCpuRunner(py::handle fake, py::handle run) {
   return [fake, run](const c10::OperatorHandle& op, torch::jit::Stack* arguments,
                      torch::jit::Stack* returns) {
     py::gil_scoped_acquire gil;
+    // A fake tensor also carries the CPU's dispatch key, below Python's: if
+    // the caller excluded Python dispatch (torch.tensor(data, device="ipu")
+    // copies its data so, and so does torch._C._DisableTorchDispatch), the
+    // op would skip FakeTensor's mode and run the CPU kernel on a storage with
+    // no memory (deterministic mode's fill of a new ipu tensor crashed so).
+    c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+    keys.excluded_ = keys.excluded_ - c10::DispatchKeySet({c10::DispatchKey::Python,
+                                                           c10::DispatchKey::PythonTLSSnapshot});
+    const c10::impl::ForceDispatchKeyGuard python_dispatch(keys);
     std::vector<at::Tensor> metas;
     for (const c10::IValue& value : *arguments) {
       forEachTensor(value, [&](const at::Tensor& t) {
@@ -277,34 +286,43 @@ void bindProfiling(py::module& m) {
   m.def("profiling_now", &profiling::now, "Nanoseconds on the profiler's (monotonic) clock.");
   m.def("profiling_set_session", &profiling::setSession,
         "This thread's events belong to `session` from now on; returns the previous one.");
-  m.def("profiling_record", [](const std::string& name, int64_t start_ns, int64_t end_ns) {
-    profiling::Event event;
-    event.kind = profiling::Kind::kUser;
-    event.name = name;
-    event.start_ns = start_ns;
-    event.end_ns = end_ns;
-    profiling::record(std::move(event));
-  }, "Records a user span (a Channel tracepoint).");
-  m.def("profiling_take", [] {
-    py::list events;
-    for (const profiling::Event& e : profiling::take()) {
-      events.append(py::make_tuple(static_cast<int>(e.kind), e.name, e.ipu, e.start_ns, e.end_ns,
-                                   e.session, e.track, e.program, e.node, e.bytes, e.ipu_bytes,
-                                   e.micro_batch));
-    }
-    return events;
-  }, "(kind, name, ipu, start_ns, end_ns, session, track, program, node, bytes, ipu_bytes, "
-     "micro_batch) of the events recorded since the last take.");
+  m.def(
+      "profiling_record",
+      [](const std::string& name, int64_t start_ns, int64_t end_ns) {
+        profiling::Event event;
+        event.kind = profiling::Kind::kUser;
+        event.name = name;
+        event.start_ns = start_ns;
+        event.end_ns = end_ns;
+        profiling::record(std::move(event));
+      },
+      "Records a user span (a Channel tracepoint).");
+  m.def(
+      "profiling_take",
+      [] {
+        py::list events;
+        for (const profiling::Event& e : profiling::take()) {
+          events.append(py::make_tuple(static_cast<int>(e.kind), e.name, e.ipu, e.start_ns,
+                                       e.end_ns, e.session, e.track, e.program, e.node, e.bytes,
+                                       e.ipu_bytes, e.micro_batch));
+        }
+        return events;
+      },
+      "(kind, name, ipu, start_ns, end_ns, session, track, program, node, bytes, ipu_bytes, "
+      "micro_batch) of the events recorded since the last take.");
   m.def("profiling_dropped", &profiling::dropped);
-  m.def("profiling_programs", [] {
-    py::dict programs;
-    for (const profiling::ProgramInfo& info : profiling::programs()) {
-      programs[py::int_(info.key)] =
-          py::make_tuple(info.node_names, info.temporary_bytes, info.peak_temporary_bytes);
-    }
-    return programs;
-  }, "key -> (node names, temporaries per node per ipu, peak per ipu) of each executable run "
-     "while profiling.");
+  m.def(
+      "profiling_programs",
+      [] {
+        py::dict programs;
+        for (const profiling::ProgramInfo& info : profiling::programs()) {
+          programs[py::int_(info.key)] =
+              py::make_tuple(info.node_names, info.temporary_bytes, info.peak_temporary_bytes);
+        }
+        return programs;
+      },
+      "key -> (node names, temporaries per node per ipu, peak per ipu) of each executable run "
+      "while profiling.");
   m.def("push_name_scope", &profiling::pushScope);
   m.def("pop_name_scope", &profiling::popScope);
 }
@@ -362,12 +380,10 @@ PYBIND11_MODULE(_C, m) {
            "(op, block, stage, phase, ipu) of each node of the compiled program.")
       .def("temporary_peaks", &runtime::Program::peakTemporaryBytes,
            "Modelled peak bytes of temporaries, per IPU.")
-      .def("sequential_peaks", &runtime::Program::sequentialPeakBytes,
-           py::arg("available_memory"),
+      .def("sequential_peaks", &runtime::Program::sequentialPeakBytes, py::arg("available_memory"),
            "Modelled peak bytes of temporaries per IPU of a run (with matmuls' working "
            "memory, bounded by the available memory proportion of each IPU).")
-      .def("pipelined_peaks", &runtime::Program::pipelinedPeakBytes,
-           py::arg("available_memory"),
+      .def("pipelined_peaks", &runtime::Program::pipelinedPeakBytes, py::arg("available_memory"),
            "Modelled peak bytes of temporaries per IPU of a pipelined run (with the "
            "activations of every micro-batch in flight).")
       .def(
