@@ -12,7 +12,7 @@ import torch
 
 from . import _C
 from . import _ops
-from . import _cpu_defaults, _device_module, _dynamo_backend, _fake_cpu
+from . import _cpu_defaults, _device_module, _dynamo_backend, _fake_cpu, _meta_warnings
 from . import _profiling
 from . import _grad_scaler
 from . import _dlpack, _serialization
@@ -50,6 +50,7 @@ _storages.install()
 _grad_scaler.install()
 _dynamo_backend.install()
 _C.set_fake_cpu_inference(_fake_cpu.python_meta_ops(), _fake_cpu.fake, _fake_cpu.run)
+_meta_warnings.install()
 _cpu_defaults.adopt()
 
 # The autograd engine sizes its per-device worker queues once, at the first

@@ -8,6 +8,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <optional>
@@ -18,6 +19,7 @@
 
 #include "common/default_generator.h"
 #include "common/ivalue_tensors.h"
+#include "common/kernel_warnings.h"
 #include "common/logging.h"
 
 namespace poptorch::capture {
@@ -110,12 +112,6 @@ bool isGenerator(const c10::Argument& argument) {
   return type->kind() == c10::TypeKind::GeneratorType;
 }
 
-// Warnings belong to the run of the op, which still gives them.
-class DiscardWarnings : public c10::WarningHandler {
- public:
-  void process(const c10::Warning&) override {}
-};
-
 // Errors that say something about the values, whatever the fillers gave: a
 // factorisation that failed (PyTorch raises LinAlgError exactly for that), or
 // memory the run would have had.
@@ -124,12 +120,13 @@ bool aboutTheData(const c10::Error& error) {
          dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr;
 }
 
-// What a run on stand-ins raised.
+// What a run on stand-ins raised, and the warnings it gave before.
 struct Raised {
   std::exception_ptr error;
   const std::type_info* type;
   std::string message;
   bool about_the_data;
+  std::vector<c10::Warning> warnings;
 
   bool same(const Raised& other) const { return *type == *other.type && message == other.message; }
 };
@@ -140,8 +137,8 @@ std::optional<Layout> denseLayout(const at::Tensor& t) {
 }
 
 // The layouts of a run's results (on `stack`) and of its written arguments.
-CpuLayouts layoutsAfter(const torch::jit::Stack& stack, const std::vector<c10::IValue>& written) {
-  CpuLayouts layouts;
+CpuRun layoutsAfter(const torch::jit::Stack& stack, const std::vector<c10::IValue>& written) {
+  CpuRun layouts;
   for (const c10::IValue& value : stack) {
     std::vector<std::optional<Layout>>& tensors = layouts.returns.emplace_back();
     forEachTensor(value, [&](const at::Tensor& t) { tensors.push_back(denseLayout(t)); });
@@ -155,15 +152,14 @@ CpuLayouts layoutsAfter(const torch::jit::Stack& stack, const std::vector<c10::I
   return layouts;
 }
 
-// Runs the CPU kernel on stand-ins over `filler`: what it raised, or the
-// layouts it gave.
-std::variant<Raised, CpuLayouts> runOnStandIns(const c10::OperatorHandle& op,
-                                               c10::ArrayRef<c10::IValue> arguments,
-                                               const Extents& extents, int filler) {
+// Runs the CPU kernel on stand-ins over `filler`: what it raised, or what it
+// gave.
+std::variant<Raised, CpuRun> runOnStandIns(const c10::OperatorHandle& op,
+                                           c10::ArrayRef<c10::IValue> arguments,
+                                           const Extents& extents, int filler) {
   const auto& schema = op.schema();
   bool draws_from_default = op.hasTag(at::Tag::nondeterministic_seeded);
-  DiscardWarnings discard;
-  const c10::WarningUtils::WarningHandlerGuard no_warnings(&discard);
+  const WarningsRecorded recorded;
   try {
     // Filling may fail too (fill_ lacks a dtype): then no two runs agree.
     const StandIns stand_ins(extents, filler);
@@ -186,10 +182,38 @@ std::variant<Raised, CpuLayouts> runOnStandIns(const c10::OperatorHandle& op,
     std::optional<DefaultGeneratorBorrowed> default_generator;
     if (draws_from_default) default_generator.emplace();
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
-    return layoutsAfter(stack, written);
+    CpuRun run = layoutsAfter(stack, written);
+    run.warnings = recorded.warnings();
+    return run;
   } catch (const c10::Error& error) {
-    return Raised{std::current_exception(), &typeid(error), error.msg(), aboutTheData(error)};
+    return Raised{std::current_exception(), &typeid(error), error.msg(), aboutTheData(error),
+                  recorded.warnings()};
   }
+}
+
+// A kernel gives some warnings once per process (TORCH_WARN_ONCE, unless
+// torch.set_warn_always): they are the ones a second run does not give
+// again. Those are given now, at the call that checks; `run` keeps the
+// others, which the CPU gives at every call.
+CpuRun sortWarnings(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                    const Extents& extents, int filler, CpuRun run) {
+  if (run.warnings.empty()) return run;
+  const auto again = runOnStandIns(op, arguments, extents, filler);
+  const auto* rerun = std::get_if<CpuRun>(&again);
+  std::vector<c10::Warning> every_call;
+  for (const c10::Warning& warning : run.warnings) {
+    const bool recurs =
+        rerun != nullptr &&
+        std::any_of(rerun->warnings.begin(), rerun->warnings.end(),
+                    [&](const c10::Warning& other) { return sameWarning(warning, other); });
+    if (recurs) {
+      every_call.push_back(warning);
+    } else {
+      c10::warn(warning);
+    }
+  }
+  run.warnings = std::move(every_call);
+  return run;
 }
 
 // Ops whose CPU kernel is PyTorch's own: an op of another namespace may act
@@ -205,8 +229,8 @@ bool checkable(const c10::OperatorHandle& op) {
 
 }  // namespace
 
-std::optional<CpuLayouts> checkAsCpuKernel(const c10::OperatorHandle& op,
-                                           c10::ArrayRef<c10::IValue> arguments) {
+std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
+                                       c10::ArrayRef<c10::IValue> arguments) {
   if (!checkable(op)) return std::nullopt;
   const std::optional<Extents> extents = StandIns::measure(arguments);
   if (!extents) {
@@ -217,16 +241,23 @@ std::optional<CpuLayouts> checkAsCpuKernel(const c10::OperatorHandle& op,
   // The checks are capture's business: they stay out of the user's profiles.
   at::DisableRecordFunctionGuard not_profiled;
   auto first = runOnStandIns(op, arguments, *extents, kFillers[0]);
-  if (auto* layouts = std::get_if<CpuLayouts>(&first)) return std::move(*layouts);
+  if (auto* run = std::get_if<CpuRun>(&first)) {
+    return sortWarnings(op, arguments, *extents, kFillers[0], std::move(*run));
+  }
   const Raised& raised = std::get<Raised>(first);
   if (raised.about_the_data) return std::nullopt;
   auto second = runOnStandIns(op, arguments, *extents, kFillers[1]);
-  if (auto* layouts = std::get_if<CpuLayouts>(&second)) return std::move(*layouts);
-  if (raised.same(std::get<Raised>(second))) std::rethrow_exception(raised.error);
+  if (auto* run = std::get_if<CpuRun>(&second)) {
+    return sortWarnings(op, arguments, *extents, kFillers[1], std::move(*run));
+  }
+  if (raised.same(std::get<Raised>(second))) {
+    for (const c10::Warning& warning : raised.warnings) c10::warn(warning);
+    std::rethrow_exception(raised.error);
+  }
   return std::nullopt;
 }
 
-void adoptCpuStrides(const CpuLayouts& cpu, MetaResult& result) {
+void adoptCpuStrides(const CpuRun& cpu, MetaResult& result) {
   auto adopt = [](const std::optional<Layout>& from, Layout& to, bool with_offset) {
     if (!from || !to.defined || from->dtype != to.dtype || from->sizes != to.sizes) return;
     to.strides = from->strides;

@@ -13,8 +13,10 @@
 // the capture. What only the data decides (an index out of range, a singular
 // matrix) stays with the run, which poisons what the failed graph computes.
 //
-// The run that goes through also tells the layouts the CPU gives the results:
-// capture gives the ipu's results the same strides.
+// The run that goes through also tells the layouts the CPU gives the results
+// (capture gives the ipu's results the same strides) and the warnings the CPU
+// gives at the call (capture gives them at each call; the kernel's run in the
+// graph does not give them again).
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -26,21 +28,26 @@
 
 namespace poptorch::capture {
 
-// The layouts a run on stand-ins gave: per return, its tensors (nullopt for an
-// undefined one, or one that is not dense), and per argument, the tensors it
-// wrote (empty for the others) as the kernel left them.
-struct CpuLayouts {
+// What a run on stand-ins gave. The layouts: per return, its tensors (nullopt
+// for an undefined one, or one that is not dense), and per argument, the
+// tensors it wrote (empty for the others) as the kernel left them. And the
+// warnings the kernel gives at every call with such arguments (a resized
+// non-empty out= tensor, a deprecated behaviour).
+struct CpuRun {
   std::vector<std::vector<std::optional<Layout>>> returns;
   std::vector<std::vector<std::optional<Layout>>> written;
+  std::vector<c10::Warning> warnings;
 };
 
 // Throws the error `op`'s CPU kernel raises for `arguments` whatever their
-// values are, if it raises one. Returns the layouts of a run that went
-// through, or nullopt if none did or none ran. The caller runs it once per
-// signature of the arguments (shapes, strides, dtypes, aliasing and
-// non-tensor values).
-std::optional<CpuLayouts> checkAsCpuKernel(const c10::OperatorHandle& op,
-                                           c10::ArrayRef<c10::IValue> arguments);
+// values are, if it raises one (after the warnings it gives first). Returns
+// what a run that went through gave, or nullopt if none did or none ran. The
+// caller runs it once per signature of the arguments (shapes, strides,
+// dtypes, aliasing and non-tensor values), at a call of the op: the warnings
+// the kernel gives once per process (TORCH_WARN_ONCE) are given here, the
+// others are returned, for the caller to give at every call.
+std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
+                                       c10::ArrayRef<c10::IValue> arguments);
 
 // Gives the fresh results and the written arguments of `result` the strides
 // (and a written argument its offset) the CPU kernel gave them, where the
@@ -48,6 +55,6 @@ std::optional<CpuLayouts> checkAsCpuKernel(const c10::OperatorHandle& op,
 // their own rule (torch._prims_common's empty_like), which differs from the
 // CPU's for dims of size 1 and empty tensors, and so does their out= resizing;
 // the CPU's strides decide whether a later view() works.
-void adoptCpuStrides(const CpuLayouts& cpu, MetaResult& result);
+void adoptCpuStrides(const CpuRun& cpu, MetaResult& result);
 
 }  // namespace poptorch::capture

@@ -306,10 +306,13 @@ void record(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::S
   const c10::ArrayRef<c10::IValue> arguments = torch::jit::last(*stack, num_args);
   auto lock = PendingGraph::get().lock();
   PendingGraph& pending = PendingGraph::get();
+  // The CPU kernel's warnings, as it gives them at each call.
+  for (const c10::Warning& warning : meta.warnings) c10::warn(warning);
   ir::Node node(op);
   node.guard = guard;
   node.deterministic = at::globalContext().deterministicAlgorithms();
   node.deterministic_warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();
+  node.warnings_at_call = meta.warnings_at_call;
   node.scope = profiling::currentScope();
   if (traits.pointwise) {
     for (size_t i = 0; i < num_args; ++i) {

@@ -1,5 +1,6 @@
 #include "capture/meta_inference.h"
 
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/TensorIterator.h>
@@ -21,6 +22,7 @@
 #include "capture/cpu_checks.h"
 #include "capture/float_class.h"
 #include "common/ivalue_tensors.h"
+#include "common/kernel_warnings.h"
 #include "common/logging.h"
 
 namespace poptorch::capture {
@@ -111,8 +113,9 @@ class MetaTwins {
   absl::flat_hash_map<const c10::StorageImpl*, int32_t> index_of_meta_;
 };
 
-// Everything a Meta kernel's answer can depend on, as integers: the op, and
-// for each argument its value or, for a tensor, its metadata and aliasing.
+// Everything a Meta kernel's answer can depend on, as integers: the op, the
+// settings the CPU kernel's errors and warnings depend on, and for each
+// argument its value or, for a tensor, its metadata and aliasing.
 // With `Floats::kByClass`, a float counts only by its class (float_class.h),
 // and by how it compares with the call's other floats and the class of their
 // difference (see checkAsCpuKernelOnce).
@@ -130,6 +133,11 @@ class Signature {
     // Ops that promote integer inputs to floating point (true division, sqrt
     // of an int tensor) give a result of the default dtype.
     key_.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
+    // What the CPU kernel raises and warns (its check) depends on these.
+    const at::Context& context = at::globalContext();
+    key_.push_back(int64_t{context.deterministicAlgorithms()} |
+                   int64_t{context.deterministicAlgorithmsWarnOnly()} << 1 |
+                   int64_t{c10::WarningUtils::get_warnAlways()} << 2);
   }
 
   // False when a value has a kind that is not worth keying on.
@@ -463,19 +471,35 @@ class FakeCpuInference {
 // otherwise its value changes from call to call (a learning rate, Adam's bias
 // corrections), so it counts by its class, and a new learning rate is not
 // checked again. Layouts never depend on a float's value.
-const std::optional<CpuLayouts>& checkAsCpuKernelOnce(const c10::OperatorHandle& op,
-                                                      c10::ArrayRef<c10::IValue> arguments) {
+const std::optional<CpuRun>& checkAsCpuKernelOnce(const c10::OperatorHandle& op,
+                                                  c10::ArrayRef<c10::IValue> arguments) {
   std::vector<int64_t> key;
   Signature signature(op, key, Signature::Floats::kByClass);
   for (const c10::IValue& value : arguments) signature.add(value);
-  thread_local absl::flat_hash_map<std::vector<int64_t>, std::optional<CpuLayouts>> checked;
+  thread_local absl::flat_hash_map<std::vector<int64_t>, std::optional<CpuRun>> checked;
   auto it = checked.find(key);
   if (it != checked.end()) return it->second;
   // Throws what the CPU kernel raises.
-  std::optional<CpuLayouts> layouts = checkAsCpuKernel(op, arguments);
+  std::optional<CpuRun> run = checkAsCpuKernel(op, arguments);
   if (checked.size() >= kMaxCachedSignatures) checked.clear();
-  return checked.emplace(std::move(key), std::move(layouts)).first->second;
+  return checked.emplace(std::move(key), std::move(run)).first->second;
 }
+
+thread_local bool inferring_shapes = false;
+
+// While it lives, this thread infers shapes: the Meta kernels' warnings, from
+// C++ (TORCH_WARN) or Python, are dropped. The CPU kernel's are the user's.
+class InferringShapes {
+ public:
+  InferringShapes() : before_(inferring_shapes) { inferring_shapes = true; }
+  ~InferringShapes() { inferring_shapes = before_; }
+  InferringShapes(const InferringShapes&) = delete;
+  InferringShapes& operator=(const InferringShapes&) = delete;
+
+ private:
+  bool before_;
+  WarningsDiscarded discarded_;
+};
 
 std::optional<MetaResult> runOnTwins(const c10::OperatorHandle& op,
                                      c10::ArrayRef<c10::IValue> arguments, bool twin_host_scalars,
@@ -489,8 +513,10 @@ std::optional<MetaResult> runOnTwins(const c10::OperatorHandle& op,
   // declines the op.
   torch::jit::Stack meta_stack = meta_args;
   try {
-    // Shape inference is capture's business: it stays out of the user's profiles.
+    // Shape inference is capture's business: it stays out of the user's
+    // profiles and warnings.
     at::DisableRecordFunctionGuard not_profiled;
+    const InferringShapes inferring;
     // The CPU's own checks first (structured ops), then the CPU's layouts.
     if (!runStructuredMeta(op, arguments, &meta_stack) &&
         !FakeCpuInference::get().run(op, &meta_args, &meta_stack)) {
@@ -604,8 +630,12 @@ std::shared_ptr<const MetaResult> inferMeta(const c10::OperatorHandle& op,
   // Without a Meta answer the op runs on the host, which makes the CPU
   // kernel's checks itself.
   if (keyed) {
-    const std::optional<CpuLayouts>& cpu = checkAsCpuKernelOnce(op, arguments);
-    if (cpu) adoptCpuStrides(*cpu, *result);
+    const std::optional<CpuRun>& cpu = checkAsCpuKernelOnce(op, arguments);
+    if (cpu) {
+      adoptCpuStrides(*cpu, *result);
+      result->warnings = cpu->warnings;
+      result->warnings_at_call = true;
+    }
   }
   auto shared = std::make_shared<const MetaResult>(std::move(*result));
   if (cacheable) {
@@ -633,5 +663,7 @@ std::vector<c10::Storage> argumentStorages(c10::ArrayRef<c10::IValue> arguments)
 }
 
 size_t metaCacheSize() { return metaCache().size(); }
+
+bool inferringShapes() { return inferring_shapes; }
 
 }  // namespace poptorch::capture

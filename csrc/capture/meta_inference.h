@@ -35,6 +35,10 @@ struct ReturnInfo {
 struct MetaResult {
   std::vector<ReturnInfo> returns;           // one per schema return
   std::vector<std::vector<Layout>> written;  // per argument: its tensors after the op
+  // The warnings the CPU kernel gives at every call with these arguments,
+  // and whether the call gives the kernel's warnings (then its run does not).
+  std::vector<c10::Warning> warnings;
+  bool warnings_at_call = false;
 };
 
 // The layout of `t`; `storage` as in Layout.
@@ -70,5 +74,9 @@ std::vector<c10::Storage> argumentStorages(c10::ArrayRef<c10::IValue> arguments)
 
 // Number of signatures in this thread's cache (for tests and metrics).
 size_t metaCacheSize();
+
+// True while this thread runs a Meta kernel to infer shapes: the warnings of
+// PyTorch's Python Meta kernels are not the user's then (poptorch/_meta_warnings.py).
+bool inferringShapes();
 
 }  // namespace poptorch::capture

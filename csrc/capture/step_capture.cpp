@@ -128,6 +128,7 @@ void captureObservingResults(const c10::OperatorHandle& op, torch::jit::Stack* s
     forEachTensor(host_args[i],
                   [&](const at::Tensor& t) { meta.written[i].push_back(layoutOf(t)); });
   }
+  meta.warnings_at_call = true;  // the host run gave them
   recordNode(op, stack, device, meta, ir::Guard::kShape);
 }
 

@@ -131,6 +131,9 @@ struct Node {
   // called: kernels read it when they run. Runtime data: not hashed.
   bool deterministic = false;
   bool deterministic_warn_only = false;
+  // The call gave the CPU kernel's warnings (capture/cpu_checks.h): its run
+  // does not give them again. Runtime data: not hashed.
+  bool warnings_at_call = false;
   // kShape: the op's non-tensor results (bools, ints...) when it was captured,
   // in order; they must recur too. Runtime data: not hashed.
   std::vector<c10::IValue> observed;

@@ -342,6 +342,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("pending_nodes", &pendingNodes);
   m.def("meta_cache_size", &capture::metaCacheSize,
         "Signatures whose Meta results this thread has cached.");
+  m.def("inferring_shapes", &capture::inferringShapes,
+        "True while this thread runs a Meta kernel to infer an ipu op's shapes.");
   m.def("clear_executable_cache", [] { compiler::ExecutableCache::get().clear(); });
   m.def("executable_cache_size", [] { return compiler::ExecutableCache::get().size(); });
   m.def("executable_cache_capacity", [] { return compiler::ExecutableCache::get().capacity(); });

@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <optional>
 
 #include "common/default_generator.h"
 #include "common/ivalue_tensors.h"
+#include "common/kernel_warnings.h"
 #include "device/ipu_device.h"
 #include "ir/hash.h"
 #include "profiling/profiler.h"
@@ -227,6 +229,8 @@ class Run {
     if (out_variant) stack.push_back(output(node.outputs[0]));
     const c10::OperatorHandle& op = out_variant ? *out_variant : node.op;
     const DeterministicAlgorithmsAsCalled deterministic(source);
+    std::optional<WarningsDiscarded> given_at_call;
+    if (source.warnings_at_call) given_at_call.emplace();
     noteWritten(node, op, f);
     try {
       if (source.seed && node.generator_arg >= 0) {

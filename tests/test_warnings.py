@@ -1,0 +1,133 @@
+"""Warnings the CPU kernels give at an op's call (a resized non-empty out= tensor, degrees of
+freedom <= 0, a deterministic-algorithms alert with warn_only) come at the ipu op's call too,
+as many times as on the CPU, with the same category and message; nothing more comes when the
+graph runs, and PyTorch's Python Meta kernels (which capture runs to infer shapes) add none
+of their own."""
+from __future__ import annotations
+
+import warnings
+from typing import Callable, List, Tuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import poptorch
+from conftest import run_python
+
+Recorded = List[Tuple[type, str]]
+
+
+def _record(fn: Callable[[], object]) -> Recorded:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn()
+    return [(w.category, str(w.message)) for w in caught]
+
+
+def _calls_then_sync(case: Callable[[str], Callable[[], object]], device: str,
+                     calls: int = 2) -> Tuple[Recorded, Recorded]:
+    """The warnings of `calls` calls of the op, and those of reading the results after."""
+    op = case(device)
+    results = []
+    at_calls = _record(lambda: results.extend(op() for _ in range(calls)))
+    at_sync = _record(lambda: [r.cpu() for r in results] and poptorch.synchronize())
+    return at_calls, at_sync
+
+
+def _x(device):
+    return torch.arange(6.0, device=device).reshape(2, 3)
+
+
+CASES = {
+    "add_into_a_non_empty_out": lambda d: lambda: torch.add(_x(d), 1, out=torch.ones(7, device=d)),
+    "index_select_into_a_non_empty_out": lambda d: lambda: torch.index_select(
+        _x(d), 0, torch.tensor([1], device=d), out=torch.ones(9, device=d)),
+    "sum_into_a_non_empty_out": lambda d: lambda: torch.sum(_x(d), 0, out=torch.ones(9, device=d)),
+    "arange_into_an_out_of_another_size": lambda d: lambda: torch.arange(
+        4.0, out=torch.ones(7, device=d)),
+    "arange_into_an_empty_out": lambda d: lambda: torch.arange(4.0, out=torch.empty(0, device=d)),
+    "linspace_into_an_empty_out": lambda d: lambda: torch.linspace(
+        0, 1, 5, out=torch.empty(0, device=d)),
+    "logspace_into_an_empty_out": lambda d: lambda: torch.logspace(
+        0, 1, 5, out=torch.empty(0, device=d)),
+    "var_with_no_degrees_of_freedom": lambda d: lambda: torch.var(_x(d)[:1], dim=0),
+    "std_of_one_element": lambda d: lambda: torch.std(torch.ones(1, device=d)),
+    "no_warning": lambda d: lambda: torch.add(_x(d), 1),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_warnings_come_at_the_call_as_on_the_cpu(name):
+    cpu_calls, _ = _calls_then_sync(CASES[name], "cpu")
+    ipu_calls, ipu_sync = _calls_then_sync(CASES[name], "ipu")
+    assert ipu_calls == cpu_calls
+    assert ipu_sync == []
+
+
+def _unpool(device):
+    x = torch.arange(16.0, device=device).reshape(1, 1, 4, 4)
+    pooled, indices = F.max_pool2d(x, 2, return_indices=True)
+    return lambda: F.max_unpool2d(pooled, indices, 2)
+
+
+def test_deterministic_alerts_with_warn_only():
+    """max_unpool2d's CPU kernel has no deterministic implementation: with warn_only it
+    warns at every call (its Python decomposition's own alert is not given twice)."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        cpu_calls, _ = _calls_then_sync(_unpool, "cpu")
+        ipu_calls, ipu_sync = _calls_then_sync(_unpool, "ipu")
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert len(cpu_calls) == 2
+    assert ipu_calls == cpu_calls
+    assert ipu_sync == []
+
+
+_COUNT_ONCE_WARNINGS = """
+import warnings, torch, poptorch
+device = "{device}"
+real = torch.zeros(3, device=device)
+complex_values = torch.ones(3, dtype=torch.complex64, device=device)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        real.copy_(complex_values)
+real.cpu()
+print([str(w.message) for w in caught])
+"""
+
+
+def test_a_warning_the_cpu_gives_once_per_process_is_given_once():
+    """copy_ of complex values into a real tensor warns once per process (TORCH_WARN_ONCE)."""
+    cpu, ipu = (run_python(_COUNT_ONCE_WARNINGS.format(device=d)) for d in ("cpu", "ipu"))
+    assert cpu.returncode == 0 and ipu.returncode == 0, cpu.stderr + ipu.stderr
+    assert "discards the imaginary part" in cpu.stdout
+    assert ipu.stdout == cpu.stdout
+
+
+def test_warn_always_makes_once_warnings_every_call():
+    torch.set_warn_always(True)
+    try:
+        calls = {}
+        for device in ("cpu", "ipu"):
+            real = torch.zeros(3, device=device)
+            complex_values = torch.ones(3, dtype=torch.complex64, device=device)
+            calls[device] = _record(lambda: [real.copy_(complex_values) for _ in range(2)])
+    finally:
+        torch.set_warn_always(False)
+    assert len(calls["cpu"]) == 2
+    assert calls["ipu"] == calls["cpu"]
+
+
+def test_python_meta_warnings_outside_shape_inference_are_given():
+    """PyTorch's Python helpers still warn when they run for their own sake (not to infer an ipu
+    op's shapes), naming the caller's line as they did."""
+    from torch._prims_common.wrappers import _resize_output_check
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _resize_output_check(torch.zeros(2), (3,))
+    assert len(caught) == 1 and "was resized" in str(caught[0].message)
+    assert caught[0].filename == __file__
