@@ -320,6 +320,17 @@ TEST(Fusion, KeepsAProductReadOrAMatrixWrittenBeforeTheBias) {
   EXPECT_EQ(passes::fuseMatmulBias(written.b.graph).nodes.size(), 3u);
 }
 
+TEST(Fusion, KeepsA16BitProductAndItsBiasApart) {
+  MatmulThenBias half;
+  half.addBias();
+  for (ir::Node& node : half.b.graph.nodes) {
+    for (ir::TensorRef& ref : node.inputs) ref.dtype = c10::ScalarType::Half;
+    for (ir::TensorRef& ref : node.outputs) ref.dtype = c10::ScalarType::Half;
+  }
+  for (ir::BufferInfo& buffer : half.b.graph.buffers) buffer.nbytes /= 2;
+  EXPECT_EQ(passes::fuseMatmulBias(half.b.graph).nodes.size(), 2u);
+}
+
 TEST(ExecutableCache, FindsByKey) {
   auto& cache = compiler::ExecutableCache::get();
   cache.clear();

@@ -15,8 +15,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
-import torch
-
 from .ops import Line
 
 
@@ -29,22 +27,7 @@ class KnownIssue:
     hits: Optional[Callable[[Line, Dict[str, Any]], bool]] = None
 
 
-_HALF_TYPES = (torch.float16, torch.bfloat16)
-
-KNOWN_ISSUES: Dict[str, KnownIssue] = {
-    "half_linear_of_a_strided_batch": KnownIssue(
-        reason="F.linear of a non-contiguous 16-bit input of more than 2 dims: the CPU's "
-               "result depends on the input's layout (for a strided view its product is "
-               "rounded to 16 bits before the bias is added, for a contiguous input once), "
-               "and the ipu gives the contiguous input's result. An ulp of float16, amplified "
-               "where the bias cancels the product (found by the long fuzzer run, seed "
-               "8120002; where the ipu's path leaves the CPU's is not yet found)",
-        test="test_a_16_bit_linear_of_a_strided_batch_rounds_as_the_cpu",
-        ops=("matmul:linear",),
-        hits=lambda line, ns: any(
-            isinstance(ns.get(r), torch.Tensor) and ns[r].dtype in _HALF_TYPES and
-            ns[r].dim() > 2 and not ns[r].is_contiguous() for r in line.reads)),
-}
+KNOWN_ISSUES: Dict[str, KnownIssue] = {}  # none known: the fuzzer runs every line
 
 
 class Exclusions:
