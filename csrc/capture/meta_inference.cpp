@@ -2,15 +2,12 @@
 
 #include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
-#include <ATen/ExpandUtils.h>
-#include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 #include <absl/hash/hash.h>
 #include <c10/core/DefaultDtype.h>
-#include <c10/core/MemoryFormat.h>
 #include <c10/core/TensorImpl.h>
 
 #include <algorithm>
@@ -19,6 +16,7 @@
 #include <functional>
 #include <mutex>
 
+#include "capture/cpu_alignment.h"
 #include "capture/cpu_checks.h"
 #include "capture/float_class.h"
 #include "common/ivalue_tensors.h"
@@ -237,17 +235,6 @@ bool isViewOp(const c10::FunctionSchema& schema) {
 
 std::atomic<MustPropagate> must_propagate{nullptr};
 
-// Arguments on which a PyTorch Meta kernel disagrees with the CPU kernel,
-// rewritten to ones that mean the same to the CPU. nansum (and nanmean, built
-// on it) reduces over every dim for an empty dim list on the CPU, but its Meta
-// kernel (meta_nansum in torch/_meta_registrations.py) reduces over none.
-void alignWithCpuKernel(const c10::OperatorHandle& op, torch::jit::Stack& meta_args) {
-  if (op.schema().name() == "aten::nansum" && meta_args.size() > 1 && meta_args[1].isIntList() &&
-      meta_args[1].toIntList().empty()) {
-    meta_args[1] = c10::IValue();
-  }
-}
-
 // PyTorch 2.13 replaces the C++ Meta kernels of most ops with Python
 // decompositions (torch/_meta_registrations.py, for FakeTensor), which skip
 // checks the CPU kernel makes when it is called: overlap of in-place and
@@ -275,145 +262,6 @@ bool runStructuredMeta(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>
   }
   op.callBoxedForDispatchKey(kStructured, *stack);
   return true;
-}
-
-// An out= tensor that a pointwise (TensorIterator) kernel resizes takes on the
-// CPU the layout TensorIterator gives the result: its inputs' order of
-// strides (a transposed input, a transposed result). Python Meta kernels
-// restride it to a memory format instead (contiguous, or channels-last).
-void restrideResizedOut(c10::ArrayRef<c10::IValue> arguments, const at::Tensor& out,
-                        Layout& layout) {
-  if (out.sizes().equals(layout.sizes)) return;  // not resized: the layout stays
-  at::TensorIteratorConfig config;
-  config.promote_inputs_to_common_dtype(true).set_check_mem_overlap(false);
-  config.add_owned_output(at::Tensor());
-  bool any_input = false;
-  for (const c10::IValue& value : arguments) {
-    if (!value.isTensor() || value.toTensor().is_same(out)) continue;
-    const at::Tensor& t = value.toTensor();
-    if (!t.defined() || !t.is_ipu()) continue;  // host scalars do not order strides
-    config.add_owned_const_input(
-        at::detail::empty_strided_meta(t.sizes(), t.strides(), t.options().device(c10::kMeta)));
-    any_input = true;
-  }
-  if (!any_input) return;
-  try {
-    const at::TensorIterator iter = config.build();
-    const at::Tensor& result = iter.output();
-    if (result.sizes().equals(layout.sizes)) {
-      layout.strides.assign(result.strides().begin(), result.strides().end());
-    }
-  } catch (const c10::Error&) {
-    // Not TensorIterator's kind of arguments: the Meta kernel's layout stands.
-  }
-}
-
-Layout contiguousLayout(c10::ScalarType dtype, c10::IntArrayRef sizes) {
-  Layout layout;
-  layout.dtype = dtype;
-  layout.sizes.assign(sizes.begin(), sizes.end());
-  const c10::DimVector strides = c10::contiguous_strides(sizes);
-  layout.strides.assign(strides.begin(), strides.end());
-  return layout;
-}
-
-// Where PyTorch's Meta kernel (2.13) disagrees with its CPU kernel, even on
-// fake CPU tensors: the CPU's answer.
-void correctForCpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
-                   MetaResult& result) {
-  const std::string& name = op.operator_name().name;
-  if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
-       name == "aten::_native_batch_norm_legit_no_training") &&
-      (arguments[0].toTensor().scalar_type() == at::kHalf ||
-       arguments[0].toTensor().scalar_type() == at::kBFloat16)) {
-    // Batch norm's saved mean and inverse std are float32 for a float16/bfloat16
-    // input on CUDA (and Meta), but the CPU keeps the input's dtype unless a
-    // parameter is float32 (its mixed-type kernel), and its backward refuses
-    // saved statistics of another dtype. FakeTensor on the CPU device does not
-    // know the mixed-type kernel either.
-    const at::ScalarType input = arguments[0].toTensor().scalar_type();
-    at::ScalarType statistics = input;
-    for (const c10::IValue& parameter : arguments.slice(1)) {
-      if (parameter.isTensor() && parameter.toTensor().defined() &&
-          parameter.toTensor().scalar_type() == at::kFloat) {
-        statistics = at::kFloat;  // the mixed-type kernel: float32 statistics
-      }
-    }
-    for (size_t i = 1; i < result.returns.size(); ++i) {
-      for (Layout& layout : result.returns[i].tensors) layout.dtype = statistics;
-    }
-  } else if (name == "aten::native_batch_norm_backward") {
-    // Its Python decomposition (the Meta kernel) computes grad_input whatever
-    // output_mask says; the CPU kernel leaves a masked-out result undefined
-    // (an input that does not require grad: batch norm as a model's first layer).
-    const c10::List<bool> mask = arguments.back().toBoolList();
-    for (size_t i = 0; i < mask.size() && i < result.returns.size(); ++i) {
-      if (!mask[i] && !result.returns[i].tensors.empty()) {
-        result.returns[i].tensors[0] = Layout{};
-        result.returns[i].tensors[0].defined = false;
-      }
-    }
-  } else if (name == "aten::_embedding_bag_forward_only" || name == "aten::_embedding_bag") {
-    // (weight, indices, offsets, scale_grad_by_freq, mode, sparse,
-    //  per_sample_weights, include_last_offset, padding_idx)
-    constexpr int64_t kSum = 0;
-    constexpr int64_t kMax = 2;
-    const at::Tensor& weight = arguments[0].toTensor();
-    const at::Tensor& offsets = arguments[2].toTensor();
-    const int64_t mode = arguments[4].toInt();
-    // The CPU's fast sum path, which leaves offset2bag empty, takes bfloat16
-    // weights too.
-    const bool scale_fast = arguments[6].isNone() || !arguments[6].toTensor().defined() ||
-                            arguments[6].toTensor().stride(0) == 1;
-    if (mode == kSum && weight.scalar_type() == c10::kBFloat16 && weight.stride(1) == 1 &&
-        arguments[8].toInt() < 0 && scale_fast) {
-      result.returns[1].tensors[0] = contiguousLayout(result.returns[1].tensors[0].dtype, {0});
-    }
-    // With include_last_offset, the forward-only kernel sizes bag_size like the
-    // offsets only in sum mode (else one per bag), and max_indices like
-    // bag_size but in max mode.
-    if (name == "aten::_embedding_bag_forward_only" && arguments[7].toBool()) {
-      const std::vector<int64_t> bags{offsets.size(0) - 1};
-      Layout& bag_size = result.returns[2].tensors[0];
-      bag_size = contiguousLayout(bag_size.dtype, mode == kSum ? offsets.sizes() : bags);
-      if (mode != kMax) {
-        result.returns[3].tensors[0] =
-            contiguousLayout(result.returns[3].tensors[0].dtype, bag_size.sizes);
-      }
-    }
-  } else if (name == "aten::max_unpool2d") {
-    // The CPU gives a batched result the input's memory format.
-    const at::Tensor& input = arguments[0].toTensor();
-    Layout& output = result.returns[0].tensors[0];
-    if (output.sizes.size() == 4 &&
-        input.suggest_memory_format() == c10::MemoryFormat::ChannelsLast) {
-      const std::vector<int64_t> strides = c10::get_channels_last_strides_2d(output.sizes);
-      output.strides.assign(strides.begin(), strides.end());
-    }
-  } else if ((name == "aten::arange" || name == "aten::linspace" || name == "aten::logspace") &&
-             !arguments.empty() && op.schema().arguments().back().is_out()) {
-    // The CPU kernels write an out= tensor that holds the result's number of
-    // elements as it is, whatever its shape (a narrowed view keeps its
-    // strides); their Python Meta kernels resize it to 1-D.
-    const at::Tensor& out = arguments.back().toTensor();
-    Layout& returned = result.returns[0].tensors[0];
-    if (out.numel() == c10::multiply_integers(returned.sizes)) {
-      returned = layoutOf(out, returned.storage);
-      result.written.back()[0] = layoutOf(out, -1);
-    }
-  } else if (name == "aten::sort" && op.operator_name().overload_name == "stable") {
-    // Sort's C++ meta function gives both results self's strides when self is
-    // dense (msort, argsort), but the structured path ends in the Python Meta
-    // kernel of sort's out= form, which restrides them as empty_like's Python
-    // Meta kernel does: other strides for dims of size 1, which steer later
-    // ops on the CPU (matmul's path).
-    const at::Tensor& self = arguments[0].toTensor();
-    const std::vector<int64_t> strides =
-        self.is_non_overlapping_and_dense() ? self.strides().vec()
-                                            : at::infer_dense_strides(self.sizes(), self.strides());
-    for (ReturnInfo& r : result.returns)
-      r.tensors[0].strides.assign(strides.begin(), strides.end());
-  }
 }
 
 // Which ops are inferred on fake CPU tensors, and how (setFakeCpuInference).
