@@ -4,6 +4,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <optional>
+#include <vector>
+
 #include "capture/meta_inference.h"
 #include "ir/graph.h"
 
@@ -20,6 +23,21 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch:
 // on one ipu unless `allow_several_ipus` (copies between IPUs).
 bool captureOp(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                bool allow_several_ipus = false);
+
+// The index of the argument that return `return_index` of `schema` is (an
+// in-place op's self, an out= argument).
+size_t writtenArgumentIndex(const c10::FunctionSchema& schema, size_t return_index);
+
+// Captures `op` on `arguments` without changing them (an unboxed kernel's,
+// borrowed: see unboxed.h) and returns its results. Returns nullopt, having
+// recorded nothing, when the op must take the boxed path (ipuFallback): while
+// a step is captured whole and for Tensor?[] arguments (preparing them
+// replaces some), for ops never captured, and when the Meta kernel cannot
+// infer the results. Returns that are written arguments are None there (see
+// writtenArgumentIndex).
+std::optional<std::vector<c10::IValue>> captureBorrowed(const c10::OperatorHandle& op,
+                                                        c10::ArrayRef<c10::IValue> arguments,
+                                                        bool allow_several_ipus = false);
 
 // The ipu device `op` runs on (a factory: the one it asks for). Host tensors
 // in its index lists are uploaded there, on the stack.

@@ -241,16 +241,6 @@ c10::IValue viewResult(const ReturnInfo& info, const std::vector<c10::Storage>& 
   return list;
 }
 
-const c10::IValue& mutatedArgument(const c10::FunctionSchema& schema, const c10::AliasInfo& alias,
-                                   c10::ArrayRef<c10::IValue> arguments) {
-  for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    const c10::AliasInfo* info = schema.arguments()[i].alias_info();
-    if (info && info->isWrite() && info->beforeSets() == alias.beforeSets()) return arguments[i];
-  }
-  TORCH_INTERNAL_ASSERT(false, "no argument matches the alias set of a mutated return of ",
-                        schema.name());
-}
-
 // Random ops take their seed now, from the generator they would have used.
 void drawSeed(ir::Node& node, const OpTraits& traits, c10::ArrayRef<c10::IValue> arguments) {
   if (!node.isNondeterministic()) return;
@@ -298,12 +288,12 @@ void moveFreshResultsToIpu(const c10::OperatorHandle& op, c10::Device ipu,
 }
 
 // recordNode, prepareArguments and captureOp with the op's traits, looked up
-// once per call.
-void record(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack,
-            c10::Device device, const MetaResult& meta, ir::Guard guard) {
+// once per call. Reads the arguments only, and returns the op's results.
+std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& traits,
+                                c10::ArrayRef<c10::IValue> arguments, c10::Device device,
+                                const MetaResult& meta, ir::Guard guard) {
   const c10::FunctionSchema& schema = op.schema();
   const size_t num_args = traits.args.size();
-  const c10::ArrayRef<c10::IValue> arguments = torch::jit::last(*stack, num_args);
   auto lock = PendingGraph::get().lock();
   PendingGraph& pending = PendingGraph::get();
   // The CPU kernel's warnings, as it gives them at each call.
@@ -363,7 +353,7 @@ void record(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::S
   for (size_t r = 0; r < meta.returns.size(); ++r) {
     const c10::AliasInfo* alias = schema.returns()[r].alias_info();
     if (alias && alias->isWrite()) {
-      results.push_back(mutatedArgument(schema, *alias, arguments));
+      results.emplace_back();  // the written argument: see replaceArguments
       node.fresh_returns.push_back(false);
     } else if (alias) {
       results.push_back(viewResult(meta.returns[r], argumentStorages(arguments)));
@@ -380,38 +370,87 @@ void record(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::S
   }
   // A pure view op changes metadata only: no node, no data movement.
   if (!only_views) pending.append(std::move(node));
+  return results;
+}
 
+// The arguments of `op` on `stack` replaced by `results` from record(), the
+// written arguments it returns in their place.
+void replaceArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t num_args,
+                      std::vector<c10::IValue> results) {
+  const c10::FunctionSchema& schema = op.schema();
+  const c10::ArrayRef<c10::IValue> arguments = torch::jit::last(*stack, num_args);
+  for (size_t r = 0; r < results.size(); ++r) {
+    const c10::AliasInfo* alias = schema.returns()[r].alias_info();
+    if (alias && alias->isWrite()) results[r] = arguments[writtenArgumentIndex(schema, r)];
+  }
   torch::jit::drop(*stack, num_args);
   for (c10::IValue& result : results) stack->push_back(std::move(result));
+}
+
+// The ipu device the op runs on, from its arguments as they are.
+c10::Device deviceOf(const c10::OperatorHandle& op, const OpTraits& traits,
+                     c10::ArrayRef<c10::IValue> arguments, bool allow_several_ipus) {
+  checkNoneIsPoisoned(arguments);
+  std::optional<c10::Device> device = commonDevice(op, traits, arguments, allow_several_ipus);
+  return device ? *device : factoryDevice(arguments);
+}
+
+// Whether preparing the arguments (prepare) may replace some of them.
+bool preparingChangesArguments(const OpTraits& traits) {
+  return capturingStep() || traits.any_optional_tensor_list;
 }
 
 c10::Device prepare(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack,
                     bool allow_several_ipus) {
   const size_t num_args = traits.args.size();
-  checkNoneIsPoisoned(torch::jit::last(*stack, num_args));
   if (capturingStep()) uploadHostConstants(traits, stack);
-  std::optional<c10::Device> device =
-      commonDevice(op, traits, torch::jit::last(*stack, num_args), allow_several_ipus);
-  if (!device) device = factoryDevice(torch::jit::last(*stack, num_args));
-  uploadIndexLists(traits, stack, device->index());
-  return *device;
+  const c10::Device device =
+      deviceOf(op, traits, torch::jit::last(*stack, num_args), allow_several_ipus);
+  uploadIndexLists(traits, stack, device.index());
+  return device;
 }
 
 bool capture(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack,
              bool allow_several_ipus) {
   const c10::Device device = prepare(op, traits, stack, allow_several_ipus);
-  const std::shared_ptr<const MetaResult> meta =
-      inferMeta(op, torch::jit::last(*stack, traits.args.size()));
+  const size_t num_args = traits.args.size();
+  const std::shared_ptr<const MetaResult> meta = inferMeta(op, torch::jit::last(*stack, num_args));
   if (!meta) return false;
-  record(op, traits, stack, device, *meta, ir::Guard::kNone);
+  replaceArguments(
+      op, stack, num_args,
+      record(op, traits, torch::jit::last(*stack, num_args), device, *meta, ir::Guard::kNone));
   return true;
+}
+
+// Why `op` is never captured, whatever its arguments, or null.
+const char* neverCapturedReason(const c10::OperatorHandle& op) {
+  if (op.hasTag(at::Tag::dynamic_output_shape)) return "its output shape depends on the data";
+  if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
+    return "it has no Meta kernel to infer its output shape";
+  }
+  return nullptr;
 }
 
 }  // namespace
 
+size_t writtenArgumentIndex(const c10::FunctionSchema& schema, size_t return_index) {
+  const c10::AliasInfo* alias = schema.returns()[return_index].alias_info();
+  TORCH_INTERNAL_ASSERT(alias && alias->isWrite(), "return ", return_index, " of ", schema.name(),
+                        " is not a written argument");
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const c10::AliasInfo* info = schema.arguments()[i].alias_info();
+    if (info && info->isWrite() && info->beforeSets() == alias->beforeSets()) return i;
+  }
+  TORCH_INTERNAL_ASSERT(false, "no argument matches the alias set of a mutated return of ",
+                        schema.name());
+}
+
 void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device,
                 const MetaResult& meta, ir::Guard guard) {
-  record(op, traitsOf(op), stack, device, meta, guard);
+  const OpTraits& traits = traitsOf(op);
+  const size_t num_args = traits.args.size();
+  replaceArguments(op, stack, num_args,
+                   record(op, traits, torch::jit::last(*stack, num_args), device, meta, guard));
 }
 
 c10::Device prepareArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack,
@@ -449,15 +488,10 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
                               "it; it is not supported on ipu tensors.");
   const OpTraits& traits = traitsOf(op);
   checkNotQuantized(op, traits, torch::jit::last(*stack, traits.args.size()));
-  const char* reason = nullptr;
-  if (op.hasTag(at::Tag::dynamic_output_shape)) {
-    reason = "its output shape depends on the data";
-  } else if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
-    reason = "it has no Meta kernel to infer its output shape";
-  } else if (!capture(op, traits, stack, /*allow_several_ipus=*/false)) {
+  const char* reason = neverCapturedReason(op);
+  if (!reason) {
+    if (capture(op, traits, stack, /*allow_several_ipus=*/false)) return;
     reason = "its Meta kernel could not infer its outputs";
-  } else {
-    return;
   }
   // A step captured whole cannot break: the op joins it, guarded.
   if (capturingStep()) {
@@ -465,6 +499,21 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   } else {
     hostFallback(op, stack, reason);
   }
+}
+
+std::optional<std::vector<c10::IValue>> captureBorrowed(const c10::OperatorHandle& op,
+                                                        c10::ArrayRef<c10::IValue> arguments,
+                                                        bool allow_several_ipus) {
+  const OpTraits& traits = traitsOf(op);
+  if (preparingChangesArguments(traits) ||
+      !op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) || neverCapturedReason(op)) {
+    return std::nullopt;
+  }
+  checkNotQuantized(op, traits, arguments);
+  const c10::Device device = deviceOf(op, traits, arguments, allow_several_ipus);
+  const std::shared_ptr<const MetaResult> meta = inferMeta(op, arguments);
+  if (!meta) return std::nullopt;
+  return record(op, traits, arguments, device, *meta, ir::Guard::kNone);
 }
 
 void synchronize() {

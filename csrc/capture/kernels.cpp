@@ -29,6 +29,7 @@
 #include "capture/capture.h"
 #include "capture/pending_graph.h"
 #include "capture/step_capture.h"
+#include "capture/unboxed.h"
 #include "common/metrics.h"
 #include "common/storage_overlap.h"
 #include "device/ipu_device.h"
@@ -233,6 +234,10 @@ void checkCopyOverlap(const at::Tensor& dst, const at::Tensor& src) {
 // Records dst.copy_(src) for two ipu tensors.
 void captureCopy(const at::Tensor& dst, const at::Tensor& src) {
   checkCopyOverlap(dst, src);
+  {
+    const BorrowedArguments arguments(dst, src, false);
+    if (captureBorrowed(copyOp(), arguments.values(), /*allow_several_ipus=*/true)) return;
+  }
   torch::jit::Stack stack{dst, src, false};
   const bool captured = captureOp(copyOp(), &stack, /*allow_several_ipus=*/true);
   TORCH_INTERNAL_ASSERT(captured, "copy_ between ipu tensors could not be captured");
@@ -421,6 +426,8 @@ TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("_to_copy", TORCH_FN(toCopy)); }
 struct CaptureHostKernelOps {
   CaptureHostKernelOps()
       : library(torch::Library::IMPL, "aten", c10::DispatchKey::IPU, __FILE__, __LINE__) {
+    // First, so that the loop below leaves their ops alone.
+    registerUnboxedKernels(library);
     auto& dispatcher = c10::Dispatcher::singleton();
     for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) continue;
