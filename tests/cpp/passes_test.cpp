@@ -59,12 +59,18 @@ TEST(DeadCode, KeepsGuardsWhoseResultsNobodyReads) {
   EXPECT_EQ(passes::eliminateDeadCode(b.graph).nodes.size(), 1u);
 }
 
-TEST(CommonSubexpressions, MergesRepeatedPureNodes) {
+// A graph input x, two temporaries and an output: the buffers of the
+// common-subexpression cases, which differ in the nodes between them.
+struct TwoTemporaries {
   GraphBuilder b;
-  const auto x = b.buffer(4, true, true);
-  const auto t1 = b.buffer(4);
-  const auto t2 = b.buffer(4);
-  const auto out = b.buffer(4, false, true);
+  ir::BufferId x = b.buffer(4, true, true);
+  ir::BufferId t1 = b.buffer(4);
+  ir::BufferId t2 = b.buffer(4);
+  ir::BufferId out = b.buffer(4, false, true);
+};
+
+TEST(CommonSubexpressions, MergesRepeatedPureNodes) {
+  auto [b, x, t1, t2, out] = TwoTemporaries();
   b.square(x, t1);
   b.square(x, t2);
   b.add(t1, t2, out);
@@ -90,11 +96,7 @@ TEST(CommonSubexpressions, DoesNotMergeAcrossAWriteToAnInput) {
 }
 
 TEST(CommonSubexpressions, DoesNotMergeNodesPlannedDifferently) {
-  GraphBuilder b;
-  const auto x = b.buffer(4, true, true);
-  const auto t1 = b.buffer(4);
-  const auto t2 = b.buffer(4);
-  const auto out = b.buffer(4, false, true);
+  auto [b, x, t1, t2, out] = TwoTemporaries();
   b.square(x, t1);
   b.square(x, t2).matmul.factor = 4;
   b.add(t1, t2, out);
@@ -112,11 +114,7 @@ TEST(CommonSubexpressions, DoesNotMergeLiveResults) {
 }
 
 TEST(CommonSubexpressions, DoesNotMergeRandomNodes) {
-  GraphBuilder b;
-  const auto x = b.buffer(4, true, true);
-  const auto t1 = b.buffer(4);
-  const auto t2 = b.buffer(4);
-  const auto out = b.buffer(4, false, true);
+  auto [b, x, t1, t2, out] = TwoTemporaries();
   for (auto t : {t1, t2}) {
     ir::Node node(aten("aten::bernoulli", ""));
     node.inputs = {b.vec(x)};
