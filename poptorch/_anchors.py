@@ -8,6 +8,9 @@ gradient of the micro-batch's loss, unscaled) and ``UpdatedVar___<name>`` (its
 value after the optimiser update, which needs an update per micro-batch:
 ``gradientAccumulation`` and ``replicationFactor`` of 1). PopTorch's names
 carry a ``model.`` prefix (``Gradient___model.fc.bias``): it is accepted.
+A ``trainingModel`` also has PopTorch's ``finalLossScale``: the loss scale
+the micro-batch's loss was multiplied by (the optimiser's ``loss_scaling``,
+or with automatic loss scaling its current value, before this step adapts it).
 
 An anchored tensor is an output of the captured step, gathered over the
 micro-batches of a call with its own output mode (the model's by default).
@@ -24,6 +27,7 @@ from .enums import OutputMode
 from .options import Options
 
 _GRADIENT, _UPDATED = "Gradient___", "UpdatedVar___"
+FINAL_LOSS_SCALE = "finalLossScale"
 _MODEL_PREFIX = "model."
 
 
@@ -34,6 +38,7 @@ def tensor_names(model: torch.nn.Module, training: bool) -> List[str]:
     if training:
         trainable = [name for name, p in model.named_parameters() if p.requires_grad]
         names += [_GRADIENT + name for name in trainable] + [_UPDATED + name for name in trainable]
+        names.append(FINAL_LOSS_SCALE)
     return names
 
 
@@ -72,10 +77,13 @@ class Anchors:
                             "multiple of the output return period")
             self._anchors[short] = (name, mode, period or 1)
         self._gradients: Dict[str, torch.Tensor] = {}
+        self._scale: Any = 1.0
 
     def take_gradients(self, gradients: Dict[int, torch.Tensor], scale: Any) -> None:
         """Keeps the anchored gradients of this micro-batch (of the loss times
-        ``scale``) before the update uses them as scratch."""
+        ``scale``) before the update uses them as scratch, and the scale
+        before an automatic loss scaling update changes it."""
+        self._scale = scale.detach().clone() if isinstance(scale, torch.Tensor) else scale
         self._gradients = {}
         for name, _, _ in self._anchors.values():
             if name.startswith(_GRADIENT):
@@ -92,6 +100,9 @@ class Anchors:
         for short, (name, _, _) in self._anchors.items():
             if name.startswith(_GRADIENT):
                 values[short] = self._gradients[name]
+            elif name == FINAL_LOSS_SCALE:
+                values[short] = (self._scale if isinstance(self._scale, torch.Tensor) else
+                                 torch.tensor(float(self._scale), device=self._state.device))
             else:
                 tensor = self._state.tensors[name.removeprefix(_UPDATED)]
                 values[short] = tensor.detach().clone()

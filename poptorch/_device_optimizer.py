@@ -118,7 +118,8 @@ class DeviceOptimizer:
 
     def ipu_state(self) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
         """PopTorch's ``ipu_state`` (the state tensors, by ``<state>___<index>``,
-        the index of the parameter in the state dict) and ``ipu_param`` (the
+        the index of the parameter in the state dict, and with automatic loss
+        scaling ``lossScaleUpdateFactor``) and ``ipu_param`` (the
         variable hyper-parameters), as host views of the device's tensors."""
         state, index = {}, 0
         for group in self.optimizer.param_groups:
@@ -128,6 +129,11 @@ class DeviceOptimizer:
                                      else ()):
                     state[f"{name}___{index}"] = _C.host_alias(tensor)
                 index += 1
+        if self.automatic_loss_scaling:
+            # PopTorch's name: how far the automatic rule has moved the scale
+            # from the optimiser's loss_scaling (the step's scale is their product).
+            base = float(getattr(self.optimizer, "loss_scaling", 1.0))
+            state["lossScaleUpdateFactor"] = _C.host_alias(self.loss_scaling) / base
         params = {f"{name}___group{i}": _C.host_alias(value)
                   for i, (_, hyper) in enumerate(self.groups) for name, value in hyper.items()
                   if isinstance(value, torch.Tensor)}
