@@ -27,6 +27,13 @@ class Error(RuntimeError):
         super().__init__(message)
 
 
+class AssertionCompatibleError(Error, AssertionError):
+    """Bad input that PopTorch checks with a Python ``assert`` (the values given
+    to ``poptorch.Options`` setters, running a model compiled for an offline
+    IPU): a ``poptorch.Error`` that is also an ``AssertionError``, so code
+    written for PopTorch that catches ``AssertionError`` still catches it."""
+
+
 class RecoverableError(Error):
     """A transient runtime error; ``recovery_action`` says how to recover:
     ``IPU_RESET``, ``PARTITION_RESET`` or ``FULL_RESET``."""

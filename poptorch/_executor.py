@@ -30,7 +30,7 @@ from . import _wrapped_model
 from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
-from ._errors import Error
+from ._errors import AssertionCompatibleError, Error
 from ._execution_strategy import PipelinedExecution, _ExecutionStrategy, check_split
 from ._executor_profiling import ExecutorProfiling
 from ._float64 import DEMOTED
@@ -143,10 +143,12 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         """Runs the step on every micro-batch of the inputs (compiling it first
         on the first call) and returns the outputs per the output mode."""
         if self._options.connection_type == ConnectionType.Never:
-            raise Error("the model is compiled for an offline IPU (Options.useOfflineIpuTarget, "
-                        "or connectionType(ConnectionType.Never)), so it cannot run: compile it "
-                        "with compile() or compileAndExport(), and run the exported file where "
-                        "it is loaded with poptorch.load()")
+            raise AssertionCompatibleError(
+                "Trying to run a model on an offline device: the model is compiled for an "
+                "offline IPU (Options.useOfflineIpuTarget, or connectionType("
+                "ConnectionType.Never)), so it cannot run: compile it with compile() or "
+                "compileAndExport(), and run the exported file where it is loaded with "
+                "poptorch.load()")
         leaves, spec = self._flatten(args, kwargs)
         if not self._compiled:
             self._compile(leaves, spec)

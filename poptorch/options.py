@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
-from ._errors import Error
+from ._errors import AssertionCompatibleError
 from ._execution_strategy import PipelinedExecution, _ExecutionStrategy
 from ._logging import logger, set_max_repeat_logs
 from ._options.compilation import _JitOptions, _PopartOptions
@@ -124,7 +124,7 @@ class Options(_Settings):
             ways = _int("replicationFactor", input_replication_factor, 1,
                         "the input replication factor")
             if replicas % ways:
-                raise Error(f"replicationFactor({replicas}, {ways}): the input replication "
+                raise AssertionCompatibleError(f"replicationFactor({replicas}, {ways}): the input replication "
                             f"factor must divide the replication factor")
             self.inputReplicaGrouping(replicas // ways, CommGroupType.Consecutive)
         return self._set("replication_factor", replicas)
@@ -141,7 +141,7 @@ class Options(_Settings):
         size = _int("inputReplicaGrouping", input_group_size, 1, "the input group size")
         kind = _enum("inputReplicaGrouping", CommGroupType, input_group_type)
         if kind not in (CommGroupType.Consecutive, CommGroupType.Orthogonal):
-            raise Error(f"inputReplicaGrouping takes CommGroupType.Consecutive or "
+            raise AssertionCompatibleError(f"inputReplicaGrouping takes CommGroupType.Consecutive or "
                         f"CommGroupType.Orthogonal, got {_show(kind)}")
         self._set("input_group_type", kind)
         return self._set("input_group_size", size)
@@ -151,7 +151,7 @@ class Options(_Settings):
         """Replicas with inputs of their own: replication factor / input group size."""
         size, replicas = self.input_group_size, self.replication_factor
         if replicas % size:
-            raise Error(f"inputReplicaGrouping({size}) needs a replicationFactor that is a "
+            raise AssertionCompatibleError(f"inputReplicaGrouping({size}) needs a replicationFactor that is a "
                         f"multiple of {size}, got replicationFactor({replicas})")
         return replicas // size
 
@@ -164,7 +164,7 @@ class Options(_Settings):
         mode = _enum("outputMode", OutputMode, output_mode)
         if mode == OutputMode.EveryN:
             if output_return_period is None:
-                raise Error("outputMode(OutputMode.EveryN) needs output_return_period: pass "
+                raise AssertionCompatibleError("outputMode(OutputMode.EveryN) needs output_return_period: pass "
                             "outputMode(OutputMode.EveryN, N) with N >= 1")
             period = _int("outputMode", output_return_period, 1, "output_return_period")
         else:
@@ -194,7 +194,7 @@ class Options(_Settings):
                  None)
         if output_mode == OutputMode.EveryN:
             if output_return_period is None:
-                raise Error("anchorTensor with OutputMode.EveryN needs output_return_period")
+                raise AssertionCompatibleError("anchorTensor with OutputMode.EveryN needs output_return_period")
             entry = entry[:3] + (_int("anchorTensor", output_return_period, 1,
                                       "output_return_period"),)
         kept = tuple(e for e in self.anchored_tensors if e[0] != short)
@@ -205,7 +205,7 @@ class Options(_Settings):
         (``torch.manual_seed``)."""
         seed = _int("randomSeed", random_seed, 0, "the seed")
         if seed >= 2**64:
-            raise Error(f"randomSeed({seed}) is too large: the seed must be below 2**64")
+            raise AssertionCompatibleError(f"randomSeed({seed}) is too large: the seed must be below 2**64")
         torch.manual_seed(seed)
         return self._set("random_seed", seed)
 
@@ -215,7 +215,7 @@ class Options(_Settings):
         :meth:`~poptorch.PoplarExecutor.copyNamedBuffersToDevice` copies to the
         device (the others keep their device values)."""
         if isinstance(buffers, str) or not all(isinstance(b, str) and b for b in buffers):
-            raise Error(f"updatableNamedBuffers takes a list of buffer names, got {buffers!r}")
+            raise AssertionCompatibleError(f"updatableNamedBuffers takes a list of buffer names, got {buffers!r}")
         return self._set("updatable_named_buffers", tuple(buffers))
 
     def relaxOptimizerAttributesChecks(self, relax: bool = True) -> Options:
@@ -241,7 +241,7 @@ class Options(_Settings):
         """Replaces the path fragments of the frames skipped when PopTorch names
         the source line of an op."""
         if isinstance(excludes, str) or not all(isinstance(e, str) for e in excludes):
-            raise Error(f"sourceLocationExcludes takes a list of strings, got {excludes!r}")
+            raise AssertionCompatibleError(f"sourceLocationExcludes takes a list of strings, got {excludes!r}")
         _log_if_not_honoured("sourceLocationExcludes", list(excludes))
         return self._set("source_location_excludes", tuple(excludes))
 
@@ -268,7 +268,7 @@ class Options(_Settings):
         version."""
         version = _int("useOfflineIpuTarget", ipu_version, 1, "the IPU version")
         if version not in (1, 2, 21):
-            raise Error(f"useOfflineIpuTarget({version}) is invalid: the IPU version is 1, 2 "
+            raise AssertionCompatibleError(f"useOfflineIpuTarget({version}) is invalid: the IPU version is 1, 2 "
                         "or 21")
         self._set("connection_type", ConnectionType.Never)
         return self._set("ipu_version", version)
@@ -291,7 +291,7 @@ class Options(_Settings):
         :class:`~poptorch.ShardedExecution`, :class:`~poptorch.SerialPhasedExecution`
         or :class:`~poptorch.ParallelPhasedExecution`."""
         if not isinstance(strategy, _ExecutionStrategy):
-            raise Error("setExecutionStrategy takes poptorch.PipelinedExecution, "
+            raise AssertionCompatibleError("setExecutionStrategy takes poptorch.PipelinedExecution, "
                         "ShardedExecution, SerialPhasedExecution or ParallelPhasedExecution, "
                         f"got {strategy!r}")
         return self._set("execution_strategy", strategy)
@@ -317,10 +317,10 @@ class Options(_Settings):
         proportions = {}
         for key, value in dict(available_memory_proportion).items():
             if not isinstance(key, str) or not key.startswith("IPU") or not key[3:].isdigit():
-                raise Error(f"setAvailableMemoryProportion takes keys such as 'IPU0', got {key!r}")
+                raise AssertionCompatibleError(f"setAvailableMemoryProportion takes keys such as 'IPU0', got {key!r}")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not 0 < value <= 1:
-                raise Error(f"setAvailableMemoryProportion: {key} must map to a proportion "
+                raise AssertionCompatibleError(f"setAvailableMemoryProportion: {key} must map to a proportion "
                             f"above 0 and at most 1, got {value!r}")
             proportions[int(key[3:])] = float(value)
         return self._set("available_memory_proportion", proportions)

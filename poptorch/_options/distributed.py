@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .._errors import Error
+from .._errors import AssertionCompatibleError, Error
 from .settings import _Settings, _Value
 from .values import _int, _show, _str
 
@@ -44,7 +44,7 @@ class _DistributedOptions(_Settings):
         num = _int("Distributed.configureProcessId", num_processes, 1, "the number of processes")
         pid = _int("Distributed.configureProcessId", process_id, 0, "the process id")
         if pid >= num:
-            raise Error(f"Distributed.configureProcessId({pid}, {num}): the process id must be "
+            raise AssertionCompatibleError(f"Distributed.configureProcessId({pid}, {num}): the process id must be "
                         f"less than the number of processes ({num})")
         self._set("num_processes", num)
         return self._set("process_id", pid)
@@ -72,7 +72,7 @@ class _DistributedOptions(_Settings):
         poptorch creates the process group (otherwise the group's own timeout
         applies). A process that dies is noticed sooner: its connections close."""
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-            raise Error(f"Distributed.setTimeout takes a positive number of seconds, "
+            raise AssertionCompatibleError(f"Distributed.setTimeout takes a positive number of seconds, "
                         f"got {_show(seconds)}")
         return self._set("timeout", float(seconds))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import autocasting
-from .._errors import Error
+from .._errors import AssertionCompatibleError
 from ..enums import HalfFloatCastingBehavior
 from .settings import _Settings, _Value
 from .values import _bool, _enum, _show
@@ -56,7 +56,7 @@ class _PrecisionOptions(_Settings):
         """The dtype of the partial results of matmuls and convolutions
         (``torch.float32`` or ``torch.float16``)."""
         if dtype not in (torch.float32, torch.float16):
-            raise Error(f"Precision.setPartialsType takes torch.float32 or torch.float16, "
+            raise AssertionCompatibleError(f"Precision.setPartialsType takes torch.float32 or torch.float16, "
                         f"got {_show(dtype)}")
         return self._set_not_honoured("setPartialsType", "partials_type", dtype)
 
@@ -68,6 +68,6 @@ class _PrecisionOptions(_Settings):
     def autocastPolicy(self, autocast_policy: autocasting.Policy) -> _PrecisionOptions:
         """The automatic casting policy (default: ``poptorch.autocasting.default``)."""
         if not isinstance(autocast_policy, autocasting.Policy):
-            raise Error("Precision.autocastPolicy takes a poptorch.autocasting.Policy, got "
+            raise AssertionCompatibleError("Precision.autocastPolicy takes a poptorch.autocasting.Policy, got "
                         f"{type(autocast_policy).__name__}")
         return self._set("autocast_policy", autocast_policy)

@@ -2,9 +2,9 @@
 classes of tensors live on a real IPU system."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict, Optional
 
-from .._errors import Error
+from .._errors import AssertionCompatibleError
 from .settings import _Settings, _Value
 from .values import _bool, _int, _show
 
@@ -48,6 +48,27 @@ class TensorLocationSettings(_Settings):
         return self._set("io_tiles_to_store", _bool("useIOTilesToStore", use))
 
 
+    # PopTorch's names of the settings, in the dicts its options hold
+    _POPTORCH_NAMES = {"on_chip": "onChip",
+                       "replicated_tensor_sharding": "useReplicatedTensorSharding",
+                       "min_elements_for_off_chip": "minElementsForOffChip",
+                       "min_elements_for_replicated_tensor_sharding":
+                           "minElementsForReplicatedTensorSharding",
+                       "io_tiles_to_load": "useIOTilesToLoad",
+                       "io_tiles_to_store": "useIOTilesToStore"}
+
+    def _poptorch_dict(self) -> Dict[str, int]:
+        """The settings as PopTorch's ``location_*`` dicts hold them (flags as 0 or 1)."""
+        return {name: int(self._values[key]) for key, name in self._POPTORCH_NAMES.items()}
+
+
+def _location_dict(key: str, doc: str) -> property:
+    def get(self: "_TensorLocationOptions") -> Optional[Dict[str, int]]:
+        settings = self._values[key]
+        return None if settings is None else settings._poptorch_dict()
+    return property(get, doc=doc)
+
+
 class _TensorLocationOptions(_Settings):
     """``opts.TensorLocations``: where activations, weights... live. Stored and
     validated; the emulator keeps every tensor in host memory."""
@@ -58,10 +79,18 @@ class _TensorLocationOptions(_Settings):
     optimizer_location = _Value(None, "Settings for optimizer state.")
     accumulator_location = _Value(None, "Settings for gradient accumulators.")
     num_io_tiles = _Value(0, "Tiles of each IPU given to I/O rather than compute.")
+    # PopTorch's read-only views of the settings, by its names (None until set)
+    location_activation = _location_dict("activation_location", "Activations' settings, "
+                                         "as PopTorch's dict (``{'onChip': 1, ...}``).")
+    location_weight = _location_dict("weight_location", "Weights' settings, as a dict.")
+    location_optimizer = _location_dict("optimizer_location",
+                                        "The optimiser state's settings, as a dict.")
+    location_accumulator = _location_dict("accumulator_location",
+                                          "The accumulators' settings, as a dict.")
 
     def _location(self, method: str, key: str, settings: Any) -> _TensorLocationOptions:
         if not isinstance(settings, TensorLocationSettings):
-            raise Error(f"TensorLocations.{method} takes a poptorch.TensorLocationSettings, "
+            raise AssertionCompatibleError(f"TensorLocations.{method} takes a poptorch.TensorLocationSettings, "
                         f"got {_show(settings)}")
         return self._set_not_honoured(method, key, settings)
 
@@ -83,8 +112,10 @@ class _TensorLocationOptions(_Settings):
 
     def numIOTiles(self, num_tiles: int) -> _TensorLocationOptions:
         """Tiles of each IPU given to I/O: an even number from 32 to 192."""
-        tiles = _int("TensorLocations.numIOTiles", num_tiles, 32, "the number of I/O tiles")
-        if tiles > 192 or tiles % 2:
-            raise Error(f"TensorLocations.numIOTiles({tiles}) is invalid: the number of I/O "
-                        "tiles must be an even number from 32 to 192")
-        return self._set_not_honoured("numIOTiles", "num_io_tiles", tiles)
+        if isinstance(num_tiles, bool) or not isinstance(num_tiles, int) or \
+                not 32 <= num_tiles <= 192 or num_tiles % 2:
+            # PopTorch's words, then ours
+            raise AssertionCompatibleError(
+                "numIOTiles must be an even number between 32 and 192. "
+                f"TensorLocations.numIOTiles got {_show(num_tiles)}")
+        return self._set_not_honoured("numIOTiles", "num_io_tiles", num_tiles)

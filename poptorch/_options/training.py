@@ -1,7 +1,7 @@
 """``opts.Training``: gradient accumulation, reduction and loss scaling."""
 from __future__ import annotations
 
-from .._errors import Error
+from .._errors import AssertionCompatibleError
 from ..enums import MeanReductionStrategy, ReductionType
 from .settings import _Settings, _Value
 from .values import _bool, _enum, _int
@@ -37,7 +37,7 @@ class _TrainingOptions(_Settings):
         """How the gradients of the accumulated micro-batches and of the replicas
         are combined: ``ReductionType.Mean`` (default) or ``ReductionType.Sum``."""
         if reduction_type is ReductionType.NoReduction:
-            raise Error("Training.accumulationAndReplicationReductionType takes "
+            raise AssertionCompatibleError("Training.accumulationAndReplicationReductionType takes "
                         "ReductionType.Mean or ReductionType.Sum, got ReductionType.NoReduction")
         return self._set("accumulation_and_replication_reduction_type", _enum(
             "Training.accumulationAndReplicationReductionType", ReductionType, reduction_type))

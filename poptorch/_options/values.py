@@ -6,7 +6,7 @@ import enum
 import os
 from typing import Any, TypeVar
 
-from .._errors import Error
+from .._errors import AssertionCompatibleError
 
 
 def _show(value: Any) -> str:
@@ -17,17 +17,17 @@ def _show(value: Any) -> str:
 
 def _int(option: str, value: Any, minimum: int, meaning: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise Error(f"{option} takes an integer ({meaning}), got {_show(value)} "
+        raise AssertionCompatibleError(f"{option} takes an integer ({meaning}), got {_show(value)} "
                     f"of type {type(value).__name__}")
     if value < minimum:
-        raise Error(f"{option}({value}) is invalid: {meaning} must be at least {minimum}; "
+        raise AssertionCompatibleError(f"{option}({value}) is invalid: {meaning} must be at least {minimum}; "
                     f"pass {option}({minimum}) or more")
     return value
 
 
 def _bool(option: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise Error(f"{option} takes True or False, got {_show(value)}")
+        raise AssertionCompatibleError(f"{option} takes True or False, got {_show(value)}")
     return value
 
 
@@ -37,7 +37,7 @@ E = TypeVar("E", bound=enum.Enum)
 def _enum(option: str, cls: type[E], value: Any) -> E:
     if not isinstance(value, cls):
         names = ", ".join(f"{cls.__name__}.{m.name}" for m in cls)
-        raise Error(f"{option} takes one of {names}, got {_show(value)}")
+        raise AssertionCompatibleError(f"{option} takes one of {names}, got {_show(value)}")
     return value
 
 
@@ -45,5 +45,5 @@ def _str(option: str, value: Any) -> str:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value:
-        raise Error(f"{option} takes a non-empty string or path, got {_show(value)}")
+        raise AssertionCompatibleError(f"{option} takes a non-empty string or path, got {_show(value)}")
     return value
