@@ -103,7 +103,7 @@ def test_for_loop_prints_every_iteration(capsys):
     x = torch.zeros(1).to("ipu")
     (out,) = poptorch.for_loop(3, body, [x])
     assert out.cpu().tolist() == [3.0]
-    assert capsys.readouterr().out.splitlines() == ["i: (1.0000)", "i: (2.0000)", "i: (3.0000)"]
+    assert capsys.readouterr().err.splitlines() == ["i: (1.000)", "i: (2.000)", "i: (3.000)"]
 
 
 def test_for_loop_errors():

@@ -11,13 +11,14 @@ from poptorch._ops.tensor_format import TensorFormat, format_tensor
 
 
 def _printed(capsys):
-    """What was printed, one entry per print (a print may span lines)."""
+    """What was printed on stderr (where PopTorch prints), one entry per
+    print: a print starts with its title and may span lines."""
     prints = []
-    for line in capsys.readouterr().out.splitlines():
-        if line.startswith(" ") and prints:
-            prints[-1] += "\n" + line
-        else:
+    for line in capsys.readouterr().err.splitlines():
+        if re.match(r"\w+: ", line):
             prints.append(line)
+        elif prints and not line.startswith(("[poptorch", "\r", "Graph compilation")):
+            prints[-1] += "\n" + line
     return prints
 
 
@@ -44,7 +45,7 @@ def _lines_match(ipu, cpu):
     assert len(ipu) == len(cpu), (ipu, cpu)
     for a, b in zip(ipu, cpu):
         assert a.split(":")[0] == b.split(":")[0], (a, b)
-        assert _numbers(a) == pytest.approx(_numbers(b), abs=2e-4), (a, b)
+        assert _numbers(a) == pytest.approx(_numbers(b), abs=2e-3), (a, b)
 
 
 def test_inference_prints_every_micro_batch_like_the_cpu(capsys):
@@ -99,8 +100,8 @@ def test_lazy_mode_prints_when_the_graph_runs_even_if_unused(capsys):
     poptorch.ipu_print_tensor(x + 1, "used")  # the same op twice prints twice
     assert _printed(capsys) == []  # nothing ran yet
     assert y.cpu().tolist() == [2.0, 3.0]
-    assert _printed(capsys) == ["unused: (2.0000, 4.0000)", "used: (2.0000, 3.0000)",
-                                "used: (2.0000, 3.0000)"]
+    assert _printed(capsys) == ["unused: (2.000, 4.000)", "used: (2.000, 3.000)",
+                                "used: (2.000, 3.000)"]
 
 
 def test_a_host_read_while_capturing_prints_nothing_extra(capsys):
@@ -113,7 +114,7 @@ def test_a_host_read_while_capturing_prints_nothing_extra(capsys):
 
     wrapped = poptorch.inferenceModel(Branching(), poptorch.Options().deviceIterations(2))
     wrapped(torch.tensor([[1.0], [2.0]]))
-    assert _printed(capsys) == ["x: ((1.0000))", "x: ((2.0000))"]
+    assert _printed(capsys) == ["x: (\n (1.000)\n)", "x: (\n (2.000)\n)"]
 
 
 def test_print_tensor_errors():
@@ -125,24 +126,32 @@ def test_print_tensor_errors():
         poptorch.ipu_print_tensor(torch.zeros(1), digits=-1)
 
 
+# digits are significant digits (PopTorch's meaning), and the layout Poplar's:
+# upstream's ipu_print_tensor_test checks three of its outputs.
 FORMATS = [
-    (torch.tensor([1.5, -2.25, 3.0]), TensorFormat(), "( 1.5000, -2.2500,  3.0000)"),
-    (torch.arange(6).reshape(2, 3), TensorFormat(), "((0, 1, 2),\n (3, 4, 5))"),
-    (torch.arange(4).reshape(2, 1, 2), TensorFormat(), "(((0, 1)),\n\n ((2, 3)))"),
-    (torch.arange(10.), TensorFormat(summarise_threshold=5, edge_items=2, digits=1),
+    (torch.tensor([1.5, -2.25, 3.0]), TensorFormat(), "( 1.500, -2.250,  3.000)"),
+    (torch.tensor([1.4962566, 17.68]), TensorFormat(digits=8), "( 1.496257, 17.680000)"),
+    (torch.arange(6).reshape(2, 3), TensorFormat(), "(\n (0, 1, 2)\n (3, 4, 5)\n)"),
+    (torch.arange(4).reshape(2, 1, 2), TensorFormat(),
+     "(\n (\n  (0, 1)\n )\n (\n  (2, 3)\n )\n)"),
+    (torch.arange(10.), TensorFormat(summarise_threshold=5, edge_items=2, digits=2),
      "(0.0, 1.0, ..., 8.0, 9.0)"),
     (torch.arange(10.), TensorFormat(summarise_threshold=0, digits=0, float_format="none"),
      "(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)"),
-    (torch.tensor([1e-9, 1.0]), TensorFormat(digits=2), "(1.00e-09, 1.00e+00)"),
-    (torch.tensor([0.5, 100.0]), TensorFormat(digits=1, float_format="scientific"),
+    (torch.tensor([1e-9, 1.0]), TensorFormat(digits=2), "(1.0e-09, 1.0e+00)"),
+    (torch.tensor([0.5, 100.0]), TensorFormat(digits=2, float_format="scientific"),
      "(5.0e-01, 1.0e+02)"),
-    (torch.tensor([0.5, 100.0]), TensorFormat(digits=3, float_format="fixed", separator=" ",
+    (torch.tensor([0.5, 100.0]), TensorFormat(digits=5, float_format="fixed", separator=" ",
                                               open_bracket="[", close_bracket="]"),
-     "[  0.500 100.000]"),
+     "[  0.50 100.00]"),
     (torch.tensor([True, False]), TensorFormat(), "(true, false)"),
     (torch.tensor(float("nan")), TensorFormat(), "nan"),
     (torch.arange(8), TensorFormat(max_line_width=12, separator=" ", open_bracket="[",
-                                   close_bracket="]"), "[0 1 2 3 4 5\n 6 7]"),
+                                   close_bracket="]"), "[0 1 2 3 4 5\n  6 7]"),
+    (torch.tensor([[1.4962566, 1.7682219], [1.0884774, 1.1320305]]),
+     TensorFormat(max_line_width=15, digits=8, float_format="scientific", separator=",",
+                  open_bracket="[", close_bracket="]"),
+     "[\n [1.4962566e+00,\n   1.7682219e+00]\n [1.0884774e+00,\n   1.1320305e+00]\n]"),
 ]
 
 
@@ -153,7 +162,7 @@ def test_format_options(tensor, fmt, text):
 
 def test_format_options_reach_the_printed_text(capsys):
     x = torch.arange(6.).to("ipu")
-    poptorch.ipu_print_tensor(x, "t", summarise_threshold=4, edge_items=1, digits=1,
+    poptorch.ipu_print_tensor(x, "t", summarise_threshold=4, edge_items=1, digits=2,
                               separator=" ", open_bracket="<", close_bracket=">")
     poptorch.synchronize()
     assert _printed(capsys) == ["t: <0.0 ... 5.0>"]

@@ -32,8 +32,9 @@ def _print_tensor(tensor: torch.Tensor, title: str, print_gradient: bool,
         fmt = TensorFormat(summarise_threshold, edge_items, max_line_width, digits, float_format,
                            separator, open_bracket, close_bracket)
         prefix = f"{title}: " if title else ""
-        sys.stdout.write(prefix + format_tensor(tensor, fmt, indent=len(prefix)) + "\n")
-        sys.stdout.flush()
+        # On stderr, where PopTorch's (Poplar's) prints go
+        sys.stderr.write(prefix + format_tensor(tensor, fmt) + "\n")
+        sys.stderr.flush()
     return tensor.clone()
 
 
@@ -74,13 +75,16 @@ def ipu_print_tensor(tensor: torch.Tensor, title: str = "", print_gradient: bool
         last ``edge_items`` of each dimension are printed, around ``...``
         (0: never summarise).
     :param max_line_width: Lines longer than this are split (0: never).
-    :param digits: Digits after the decimal point of floating-point values;
-        elements are aligned to one width (0: each printed on its own, unaligned).
+    :param digits: Significant digits of floating-point values, without the
+        exponent (in fixed point, those of the largest value); elements are
+        aligned to one width (0: each printed on its own, unaligned).
     :param float_format: ``"auto"`` (fixed point unless the values' range
         needs scientific notation), ``"fixed"``, ``"scientific"`` or ``"none"``
         (each value in its shortest form with ``digits`` significant digits).
     :param separator: Between elements. ``open_bracket``, ``close_bracket``:
-        around each dimension.
+        around each dimension. As Poplar lays tensors out, each dimension
+        above the last puts its parts on lines of their own, one space deeper
+        per level; a row longer than ``max_line_width`` goes on several lines.
     :returns: ``tensor``'s value.
     """
     if not isinstance(tensor, torch.Tensor):
