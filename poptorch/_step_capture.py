@@ -39,6 +39,7 @@ from ._replica_grouping import GroupedWeights
 from ._wrapper_options import MeanFactors
 from ._logging import logger
 from ._losses import LossRecorder, RunningOnIpu
+from ._ops import overlap_checks
 from ._ops.name_scope import module_name_scopes
 
 _DEFAULT_MAX_VARIANTS = 8
@@ -163,12 +164,14 @@ class StepCapture:
                 # HostConstants first: the modes entered later see a call first
                 # (Float64Demotion's 32-bit dtypes reach HostConstants).
                 with _precision.forward_casting(self.precision, self.model), HostConstants(), \
-                        Float64Demotion(), \
+                        Float64Demotion(), overlap_checks.checking((self._args, self._kwargs)) \
+                        as overlaps, \
                         device_parameters(self.model, self._state.host, self._state.tensors), \
                         _buffers.kept_in_forward(self.model, {**self._state.tensors, **rows}):
                     outputs = torch.func.functional_call(self.model, tensors, self._args,
                                                          self._kwargs, strict=False,
                                                          tie_weights=False)
+                    overlaps.check_outputs(outputs)
             try:
                 self.split = blocks.end_forward()
             except Error as error:

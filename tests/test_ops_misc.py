@@ -160,6 +160,39 @@ def test_identity_annotations(device):
         poptorch.set_overlap_for_input([x, 1], poptorch.OverlapMode.NoOverlap)
 
 
+class _Overlapping(torch.nn.Module):
+    """Marks per PopTorch's rules (or, with ``wrong``, breaks one of them)."""
+
+    def __init__(self, wrong=None):
+        super().__init__()
+        self.wrong = wrong
+
+    def forward(self, x, y):
+        mode = poptorch.OverlapMode.OverlapAccumulationLoop
+        x = poptorch.set_overlap_for_input(x, mode)
+        if self.wrong == "input":
+            y = poptorch.set_overlap_for_input(y + 1, mode)  # not an input any more
+        out = x * y
+        total = poptorch.set_overlap_for_output(out.sum(), mode)
+        if self.wrong == "output":
+            return out  # the marked tensor is not returned
+        return out, total
+
+
+def test_overlap_marks_in_a_wrapped_model_follow_poptorch_rules():
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    out, total = poptorch.inferenceModel(_Overlapping(), opts)(x, y)
+    torch.testing.assert_close(out, x * y)
+    torch.testing.assert_close(total, (x * y).sum())
+    with pytest.raises(poptorch.Error, match="set_overlap_for_input applied on a node which "
+                       "is not a tensor input to the model"):
+        poptorch.inferenceModel(_Overlapping("input"), opts.clone())(x, y)
+    with pytest.raises(poptorch.Error, match="set_overlap_for_output applied on a node which "
+                       "is not a tensor output to the model"):
+        poptorch.inferenceModel(_Overlapping("output"), opts.clone())(x, y)
+    _Overlapping("input")(x, y)  # on the CPU nothing is checked, as in PopTorch
+
 def _fps_reference(src, ptr, ratio):
     """Farthest point sampling by its definition, point by point."""
     picked = []

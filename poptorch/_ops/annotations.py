@@ -16,6 +16,7 @@ from .. import _C
 from .._errors import Error
 from .._logging import logger
 from ..enums import MatMulSerializationMode, MultiConvPlanType, OverlapMode
+from . import overlap_checks
 
 _logged: set = set()
 
@@ -73,10 +74,13 @@ def _set_overlap(tensors: Any, mode: OverlapMode, what: str) -> Any:
     if not isinstance(mode, OverlapMode):
         raise Error(f"set_overlap_for_{what}: mode must be a poptorch.OverlapMode, got "
                     f"{mode!r}")
+    checks = overlap_checks.current()  # in a wrapped model's forward
     for leaf in pytree.tree_leaves(tensors):
         if not isinstance(leaf, torch.Tensor):
             raise Error(f"You may only set overlap for torch.Tensor {what}s; "
                         f"{type(leaf).__name__} is not supported")
+        if checks is not None:
+            (checks.mark_input if what == "input" else checks.mark_output)(leaf)
     if mode != OverlapMode.NoOverlap:
         _log_once(f"poptorch.set_overlap_for_{what}",
                   "host transfers are copies between host buffers, with no IO tiles")
