@@ -69,10 +69,11 @@ class LossRecorder:
                         "(detached, computed under torch.no_grad(), or every parameter it "
                         "uses has requires_grad=False); compute the loss from the model's "
                         "outputs with autograd enabled")
-        raise Error("trainingModel needs a loss: return it from forward() (a scalar tensor "
-                    "computed from the outputs, e.g. with torch.nn.functional.cross_entropy or "
-                    "a torch loss module) or mark it with "
-                    "poptorch.identity_loss(loss, reduction='mean')")
+        # PopTorch's words first
+        raise Error("Couldn't find a loss in graph: trainingModel needs a loss: return it "
+                    "from forward() (a scalar tensor computed from the outputs, e.g. with "
+                    "torch.nn.functional.cross_entropy or a torch loss module) or mark it "
+                    "with poptorch.identity_loss(loss, reduction='mean')")
 
 
 def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:

@@ -344,7 +344,7 @@ def test_identity_loss_rejects_unknown_reductions():
 def test_a_training_model_without_a_loss_is_an_error():
     model = torch.nn.Linear(4, 2)
     ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
-    with pytest.raises(poptorch.Error, match="trainingModel needs a loss"):
+    with pytest.raises(poptorch.Error, match="Couldn't find a loss in graph: trainingModel needs"):
         ipu(torch.randn(2, 4))
 
 
