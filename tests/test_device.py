@@ -106,9 +106,35 @@ def test_unsupported_dtype_is_a_clear_error():
         torch.ones(3, dtype=torch.float64).to("ipu")
 
 
-def test_sparse_layouts_are_refused():
-    with pytest.raises(NotImplementedError):
-        torch.ones(2, 2, device="ipu").to_sparse()
+_DENSE = [[0.0, 1.0], [2.0, 0.0]]
+_COO = (torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0]))
+
+# Each way of making a sparse ipu tensor, with the op the error names; each
+# works on the CPU.
+_SPARSE_MAKERS = {
+    "to_sparse": (lambda d: torch.tensor(_DENSE, device=d).to_sparse(), "_to_sparse"),
+    "to_sparse_csr": (lambda d: torch.tensor(_DENSE, device=d).to_sparse_csr(), "_to_sparse_csr"),
+    "to_sparse_bsr": (lambda d: torch.tensor(_DENSE, device=d).to_sparse_bsr((1, 1)),
+                      "_to_sparse_bsr"),
+    "sparse_coo_tensor": (lambda d: torch.sparse_coo_tensor(*_COO, (2, 2), device=d),
+                          "_sparse_coo_tensor_with_dims_and_tensors"),
+    "empty_sparse": (lambda d: torch.empty(2, 2, layout=torch.sparse_coo, device=d),
+                     "empty"),
+    "sparse_to_ipu": (lambda d: torch.tensor(_DENSE).to_sparse().to(d),
+                      "_sparse_coo_tensor_with_dims_and_tensors"),
+}
+
+
+@pytest.mark.parametrize("make", _SPARSE_MAKERS)
+def test_sparse_layouts_are_refused_with_a_clear_error(make):
+    function, op = _SPARSE_MAKERS[make]
+    on_cpu = function("cpu")
+    assert on_cpu.layout != torch.strided and on_cpu.shape == (2, 2)
+    with pytest.raises(NotImplementedError,
+                       match=f"aten::{op}.*sparse tensors are not supported on the ipu.*to_dense"):
+        function("ipu")
+    # Nothing of the refused op is left pending: the device goes on as before.
+    assert (torch.tensor(_DENSE, device="ipu") * 2).cpu().tolist() == [[0.0, 2.0], [4.0, 0.0]]
 
 
 def test_out_of_memory_is_reported_like_cuda():

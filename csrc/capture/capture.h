@@ -17,6 +17,12 @@ namespace poptorch::capture {
 // shape cannot be known before it runs.
 void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
+// The sparse ipu keys' boxed fallback (SparseIPU, SparseCsrIPU): ipu tensors
+// are strided only, so making or converting to a sparse ipu tensor is refused
+// with an error that names the op and says what to do.
+void sparseFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                    torch::jit::Stack* stack);
+
 // Records `op` on the stack's arguments as a node of the pending graph and
 // replaces them with its (lazy) results. Returns false, leaving the stack
 // alone, when the op's Meta kernel cannot infer its outputs. Tensors must all be
