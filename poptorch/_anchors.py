@@ -23,6 +23,7 @@ import torch
 
 from ._device_state import DeviceState
 from ._errors import Error
+from ._logging import logger
 from .enums import OutputMode
 from .options import Options
 
@@ -55,6 +56,22 @@ def _resolve(long_name: str, names: List[str]) -> str:
                 f"the names that may be anchored: {', '.join(names)}")
 
 
+# PopART's names of the output modes, which PopTorch logs its anchors with
+_MODE_NAMES = {OutputMode.All: "ALL", OutputMode.EveryN: "EVERYN", OutputMode.Final: "FINAL",
+               OutputMode.Sum: "Sum"}
+
+
+def _log_anchor(long_name: str, options: Options, mode: Optional[OutputMode],
+                period: Optional[int]) -> None:
+    """Logs (DEBUG) how an anchored tensor is returned, in PopTorch's words:
+    ``<name> <MODE>/<period>`` (the model's mode when it has none of its own)."""
+    if mode in (None, OutputMode.Default):
+        mode, period = options.output_mode, options.output_return_period
+    period = period if mode == OutputMode.EveryN else 1
+    logger.debug("anchored tensor %s %s/%d", long_name, _MODE_NAMES.get(mode, mode.name),
+                 period)
+
+
 class Anchors:
     """The anchored tensors of one wrapped model, as its step captures them."""
 
@@ -76,6 +93,7 @@ class Anchors:
                             f"deviceIterations ({options.device_iterations}) must be a "
                             "multiple of the output return period")
             self._anchors[short] = (name, mode, period or 1)
+            _log_anchor(long_name, options, mode, period)
         self._gradients: Dict[str, torch.Tensor] = {}
         self._scale: Any = 1.0
 

@@ -30,7 +30,8 @@ class Error(RuntimeError):
 class AssertionCompatibleError(Error, AssertionError):
     """Bad input that PopTorch checks with a Python ``assert`` (the values given
     to ``poptorch.Options`` setters, running a model compiled for an offline
-    IPU): a ``poptorch.Error`` that is also an ``AssertionError``, so code
+    IPU, asking a model that never ran for its tensor names): a
+    ``poptorch.Error`` that is also an ``AssertionError``, so code
     written for PopTorch that catches ``AssertionError`` still catches it."""
 
 

@@ -15,7 +15,7 @@ import torch
 
 from . import _C
 from ._anchors import tensor_names
-from ._errors import Error
+from ._errors import AssertionCompatibleError, Error
 from ._logging import logger
 
 
@@ -30,8 +30,8 @@ class WrapperState:
         and ``UpdatedVar___<name>`` of each trainable parameter. The model
         must be compiled."""
         if not self._compiled:
-            raise Error("getTensorNames: the model is not compiled yet: call it (or "
-                        "compile()) first")
+            raise AssertionCompatibleError("getTensorNames: the model is not compiled yet: "
+                                           "call it (or compile()) first")
         return tensor_names(self._model, self._training)
 
     def getAnchoredTensor(self, short_name: str) -> torch.Tensor:

@@ -53,6 +53,27 @@ def cpu_micro_batches(model, x, y, lr):
     return torch.stack(grads), torch.stack(weights)
 
 
+class _DebugLines(logging.Handler):
+    """Collects poptorch's DEBUG messages while entered."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+    def __enter__(self):
+        self._level = poptorch.logger.level
+        poptorch.logger.addHandler(self)
+        poptorch.logger.setLevel(logging.DEBUG)
+        return self
+
+    def __exit__(self, *exc):
+        poptorch.logger.removeHandler(self)
+        poptorch.logger.setLevel(self._level)
+
+
 def test_anchored_gradients_and_updated_weights_match_the_cpu():
     opts = poptorch.Options().deviceIterations(3)
     opts.anchorTensor("grad", "Gradient___model.fc2.bias", OutputMode.All)  # PopTorch's prefix
@@ -62,7 +83,13 @@ def test_anchored_gradients_and_updated_weights_match_the_cpu():
     model, reference = net(), net()
     training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
     x, y = batch(6)
-    out, loss = training(x, y)
+    logged = _DebugLines()
+    with logged:
+        out, loss = training(x, y)
+    # PopTorch's words: name, PopART's mode name / period
+    for line in ("Gradient___model.fc2.bias ALL/1", "UpdatedVar___fc2.weight FINAL/1",
+                 "Gradient___fc2.bias Sum/1", "fc2.weight EVERYN/3"):
+        assert any(line in text for text in logged.lines), (line, logged.lines)
     grads, weights = cpu_micro_batches(reference, x, y, lr=0.1)
     torch.testing.assert_close(training.getAnchoredTensor("grad"), grads.flatten())
     torch.testing.assert_close(training.getAnchoredTensor("weight"), weights[-1])
@@ -75,8 +102,9 @@ def test_anchors_in_inference_and_tensor_names():
     opts = poptorch.Options().deviceIterations(2).anchorTensor("offset", "offset")
     model = net()
     inference = poptorch.inferenceModel(model, opts)
-    with pytest.raises(poptorch.Error, match="not compiled yet"):
+    with pytest.raises(poptorch.Error, match="not compiled yet") as error:
         inference.getTensorNames()
+    assert isinstance(error.value, AssertionError)  # PopTorch asserts it
     inference(batch(4)[0])
     assert inference.getTensorNames() == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
                                           "offset"]
