@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import poptorch
-from conftest import run_python
+from conftest import assert_same, run_python
 
 
 def test_factories_and_moves():
@@ -135,6 +135,48 @@ def test_sparse_layouts_are_refused_with_a_clear_error(make):
         function("ipu")
     # Nothing of the refused op is left pending: the device goes on as before.
     assert (torch.tensor(_DENSE, device="ipu") * 2).cpu().tolist() == [[0.0, 2.0], [4.0, 0.0]]
+
+
+# Nested tensors of the strided layout, each way, with the op the error names;
+# each works on the CPU.
+_NESTED_MAKERS = {
+    "as_nested_tensor": (lambda d: torch.nested.as_nested_tensor(
+        [torch.ones(2, device=d), torch.ones(3, device=d)]), "_nested_tensor_from_tensor_list"),
+    "from_mask": (lambda d: torch._nested_tensor_from_mask(
+        torch.ones(2, 3, 4, device=d), torch.ones(2, 3, dtype=torch.bool, device=d)),
+                  "_nested_tensor_from_mask"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("make", _NESTED_MAKERS)
+def test_strided_nested_tensors_are_refused_with_a_clear_error(make):
+    function, op = _NESTED_MAKERS[make]
+    assert function("cpu").is_nested
+    with pytest.raises(NotImplementedError,
+                       match=f"aten::{op}.*nested tensors of the strided layout.*jagged"):
+        function("ipu")
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.xfail(strict=True, raises=RuntimeError,
+                   reason="torch.nested.nested_tensor(data, device=...) makes the nested tensor "
+                          "on the CPU and copies it in PyTorch's nested _to_copy kernel, which "
+                          "fails its INTERNAL ASSERT (CPU, CUDA, XPU, HPU and PrivateUse1 "
+                          "storages only) before any ipu kernel runs")
+@pytest.mark.parametrize("parts", [[torch.ones(2, 3), torch.ones(4, 3)], []], ids=["two", "none"])
+def test_nested_tensor_constructor_with_an_ipu_device(parts):
+    assert torch.nested.nested_tensor(parts).is_nested
+    with pytest.raises(NotImplementedError, match="nested tensors of the strided layout"):
+        torch.nested.nested_tensor(parts, device="ipu")
+
+
+def test_jagged_nested_tensors_hold_ipu_tensors():
+    parts = [torch.randn(2, 3), torch.randn(4, 3)]
+    cpu = torch.nested.nested_tensor(parts, layout=torch.jagged)
+    ipu = torch.nested.nested_tensor(parts, layout=torch.jagged, device="ipu")
+    assert ipu.device.type == "ipu"
+    assert_same((cpu * 2).to_padded_tensor(0.0), (ipu * 2).to_padded_tensor(0.0))
 
 
 def test_out_of_memory_is_reported_like_cuda():

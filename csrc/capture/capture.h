@@ -5,6 +5,7 @@
 #include <ATen/core/stack.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "capture/meta_inference.h"
@@ -17,11 +18,13 @@ namespace poptorch::capture {
 // shape cannot be known before it runs.
 void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
-// The sparse ipu keys' boxed fallback (SparseIPU, SparseCsrIPU): ipu tensors
-// are strided only, so making or converting to a sparse ipu tensor is refused
-// with an error that names the op and says what to do.
-void sparseFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
-                    torch::jit::Stack* stack);
+// "aten::name.overload", as errors and logs name an op.
+std::string opName(const c10::OperatorHandle& op);
+
+// Ipu tensors are strided only: refuses (with what to do instead) the ops
+// that make sparse tensors, or nested tensors of the strided layout, from
+// ipu tensors (layouts.cpp; the sparse and nested ipu keys refuse the rest).
+void checkResultIsStrided(const c10::OperatorHandle& op);
 
 // Records `op` on the stack's arguments as a node of the pending graph and
 // replaces them with its (lazy) results. Returns false, leaving the stack

@@ -24,12 +24,13 @@
 #include "runtime/worker.h"
 
 namespace poptorch::capture {
-namespace {
 
 std::string opName(const c10::OperatorHandle& op) {
   const c10::OperatorName& n = op.operator_name();
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
 }
+
+namespace {
 
 // The ipu device the op runs on. Host tensors may only be 0-dim scalars, as
 // for CUDA; host index tensors in Tensor?[] lists are uploaded by the caller.
@@ -115,20 +116,6 @@ void checkNotQuantized(const c10::OperatorHandle& op, const OpTraits& traits,
                                 ": quantized tensors are not supported on the ipu; quantize and "
                                 "run quantized ops on the CPU");
   }
-}
-
-[[noreturn]] void refuseSparse(const c10::OperatorHandle& op) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, opName(op),
-                              ": sparse tensors are not supported on the ipu (ipu tensors are "
-                              "strided only); keep sparse tensors on the CPU, or move "
-                              "t.to_dense() to the ipu");
-}
-
-// The dense-to-sparse conversions (`to_sparse`, `to_sparse_csr`...) would run
-// on the host and fail copying their sparse result back, with PyTorch's
-// message about a missing kernel or a device its constructors do not know.
-void checkNotToSparse(const c10::OperatorHandle& op) {
-  if (op.operator_name().name.rfind("aten::_to_sparse", 0) == 0) refuseSparse(op);
 }
 
 // While a step is captured whole, host tensors among an op's arguments (made
@@ -502,7 +489,7 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
                               "it; it is not supported on ipu tensors.");
   const OpTraits& traits = traitsOf(op);
   checkNotQuantized(op, traits, torch::jit::last(*stack, traits.args.size()));
-  checkNotToSparse(op);
+  checkResultIsStrided(op);
   const char* reason = neverCapturedReason(op);
   if (!reason) {
     if (capture(op, traits, stack, /*allow_several_ipus=*/false)) return;
@@ -514,10 +501,6 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   } else {
     hostFallback(op, stack, reason);
   }
-}
-
-void sparseFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
-  refuseSparse(op);
 }
 
 std::optional<std::vector<c10::IValue>> captureBorrowed(const c10::OperatorHandle& op,

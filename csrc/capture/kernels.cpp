@@ -466,13 +466,6 @@ TORCH_LIBRARY_IMPL(_, IPU, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&ipuFallback>());
 }
 
-TORCH_LIBRARY_IMPL(_, SparseIPU, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparseFallback>());
-}
-TORCH_LIBRARY_IMPL(_, SparseCsrIPU, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparseFallback>());
-}
-
 // Above autograd, so that the chosen kernel's own derivative is recorded
 // (and on the backend key too, for inference mode, which skips autograd):
 // these replace generic kernels that would do something else on the ipu.
