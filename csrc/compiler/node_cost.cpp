@@ -24,6 +24,10 @@ constexpr double kNodeUs = 3.0;
 // PyTorch's random kernels on this CPU run element by element on one thread
 // (without MKL's generators, which PyTorch uses on Intel CPUs only).
 constexpr double kRandomUsPerElement = 0.008;
+// poptorch::bernoulli_ (csrc/kernels/bernoulli.cpp), vectorised, split over
+// threads like an elementwise kernel and compute-bound: 0.9 ns an element.
+constexpr double kCounterRandomUsPerElement = 0.0009;
+constexpr double kCounterRandomSpeedUp = 1.9;
 // What a kernel split over two threads pays to fork and join its OpenMP team.
 constexpr double kForkJoinUs = 1.5;
 // ATen's elementwise kernels stay on one thread below this many elements
@@ -111,6 +115,15 @@ NodeCost estimateNodeCost(const ir::Node& node) {
     largest = std::max(largest, out.numel());
   }
   NodeCost cost;
+  if (name == "poptorch::bernoulli_") {
+    cost.one_core_us = kNodeUs + kCounterRandomUsPerElement * static_cast<double>(largest);
+    cost.two_cores_us =
+        largest < kGrain
+            ? cost.one_core_us
+            : kNodeUs + kForkJoinUs +
+                  kCounterRandomUsPerElement * static_cast<double>(largest) / kCounterRandomSpeedUp;
+    return cost;
+  }
   if (isRandomFill(name)) {
     cost.one_core_us = kNodeUs + kRandomUsPerElement * static_cast<double>(largest);
     cost.two_cores_us = cost.one_core_us;

@@ -35,4 +35,12 @@ ir::Graph fuseMatmulActivations(ir::Graph graph);
 // compiler::Executable::flexible_layout), so a chain converts once.
 ir::Graph planLayouts(ir::Graph graph);
 
+// Runs aten::bernoulli_.float (dropout's mask) as poptorch::bernoulli_
+// (csrc/kernels/bernoulli.cpp): the same distribution from a counter-based
+// generator keyed by the node's seed, vectorised and split over threads,
+// where PyTorch's CPU kernel draws element by element on one thread. The
+// values differ from aten's for the same seed; the ipu's random values are
+// its own (docs/user_guide.md, "Random numbers").
+ir::Graph useCounterBasedRandomFills(ir::Graph graph);
+
 }  // namespace poptorch::passes

@@ -329,6 +329,42 @@ TEST(Fusion, KeepsA16BitProductAndItsBiasApart) {
   EXPECT_EQ(passes::fuseMatmulBias(half.b.graph).nodes.size(), 2u);
 }
 
+// x.bernoulli_(p) as captured: a seed, its Generator? argument third.
+ir::Node& bernoulliInPlace(GraphBuilder& b, ir::TensorRef self) {
+  ir::Node node(aten("aten::bernoulli_", "float"));
+  node.inputs = {self};
+  node.args = {ir::Arg::tensor(0), ir::Arg::runtime(0.9), ir::Arg::constant(c10::IValue())};
+  node.writes = {self.buffer};
+  node.fresh_returns = {false};
+  node.seed = 1234;
+  node.generator_arg = 2;
+  return b.append(std::move(node));
+}
+
+TEST(RandomFills, RunsFloatingBernoulliFillsCounterBased) {
+  GraphBuilder b;
+  const auto mask = b.buffer(4, false, true);
+  bernoulliInPlace(b, b.vec(mask));
+  const ir::Graph g = passes::useCounterBasedRandomFills(b.graph);
+  ASSERT_EQ(names(g), (std::vector<std::string>{"poptorch::bernoulli_"}));
+  const ir::Node& fill = g.nodes[0];
+  EXPECT_EQ(fill.seed, std::optional<uint64_t>(1234));
+  EXPECT_EQ(fill.generator_arg, 2);
+  EXPECT_EQ(fill.writes, std::vector<ir::BufferId>{mask});
+  EXPECT_EQ(fill.args.size(), 3u);
+  EXPECT_FALSE(fill.hasHostEffects());
+  EXPECT_TRUE(fill.isNondeterministic());
+}
+
+TEST(RandomFills, KeepsIntegerFillsAsCaptured) {
+  GraphBuilder b;
+  ir::TensorRef mask = b.vec(b.buffer(4, false, true));
+  mask.dtype = c10::ScalarType::Int;
+  bernoulliInPlace(b, mask);
+  EXPECT_EQ(names(passes::useCounterBasedRandomFills(b.graph)),
+            (std::vector<std::string>{"aten::bernoulli_.float"}));
+}
+
 TEST(ExecutableCache, FindsByKey) {
   auto& cache = compiler::ExecutableCache::get();
   cache.clear();
