@@ -133,6 +133,37 @@ def test_multiconv_errors():
         model(torch.randn(1, 2, 6, 6))
 
 
+class _MisusedMultiConv(torch.nn.Module):
+    def __init__(self, nested):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 2, 3)
+        self.nested = nested
+
+    def forward(self, x):
+        with poptorch.MultiConv():
+            if self.nested:
+                with poptorch.MultiConv():
+                    return self.conv(x)
+            return x * 2  # no convolution in the scope
+
+
+@pytest.mark.parametrize("nested, message", [
+    (True, "Nested poptorch.MultiConv is not supported"),
+    (False, "Unexpected end_multi_conv: the poptorch.MultiConv scope ran no convolution")])
+def test_multiconv_scopes_misused_in_a_wrapped_model(nested, message):
+    """PopTorch's compiler refuses both; on the CPU its MultiConv does nothing."""
+    x = torch.randn(1, 1, 5, 5)
+    model = _MisusedMultiConv(nested)
+    model(x)  # the CPU
+    opts = poptorch.Options().showCompilationProgressBar(False)
+    with pytest.raises(poptorch.Error, match=message):
+        poptorch.inferenceModel(model, opts)(x)
+    # the scope state is clean again: a proper scope works afterwards
+    proper, reference = TwoConvs(poptorch.MultiConv()), TwoConvs(None)
+    reference.load_state_dict(proper.state_dict())
+    y = torch.randn(1, 2, 6, 6)
+    torch.testing.assert_close(poptorch.inferenceModel(proper, opts.clone())(y), reference(y))
+
 def test_serialized_matmul_is_the_product(device):
     a, b = torch.randn(4, 6), torch.randn(6, 8)
     for mode, factor in [(poptorch.MatMulSerializationMode.InputChannels, 2),

@@ -6,6 +6,7 @@ checked and logged, and change nothing.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, List, Optional, Sequence, Union
 
 import torch
@@ -15,10 +16,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import _C
 from .._errors import Error
 from .._logging import logger
+from .._losses import isRunningOnIpu
 from ..enums import MatMulSerializationMode, MultiConvPlanType, OverlapMode
 from . import overlap_checks
 
 _logged: set = set()
+_multi_conv = threading.local()  # .active: a MultiConv scope is open in a captured model
 
 
 def _log_once(what: str, why: str) -> None:
@@ -236,15 +239,25 @@ class MultiConv:
         return self
 
     def __enter__(self) -> "MultiConv":
+        # As PopTorch, in a model being compiled for the IPU (its MultiConv
+        # does nothing on the CPU): scopes do not nest.
+        if isRunningOnIpu() and getattr(_multi_conv, "active", False):
+            raise Error("Nested poptorch.MultiConv is not supported: close the outer "
+                        "`with poptorch.MultiConv():` scope before opening another")
         self._counter = _CountConvolutions()
         self._counter.__enter__()
+        _multi_conv.active = isRunningOnIpu()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         counter, self._counter = self._counter, None
         counter.__exit__(*exc)
+        _multi_conv.active = False
         if exc[0] is not None:
             return
+        if isRunningOnIpu() and counter.count == 0:
+            raise Error("Unexpected end_multi_conv: the poptorch.MultiConv scope ran no "
+                        "convolution; put the convolutions to combine inside it")
         for key, value in self._settings.items():
             if isinstance(value, Sequence) and len(value) not in (1, counter.count):
                 raise Error(f"MultiConv: {key} has {len(value)} values for {counter.count} "
