@@ -557,29 +557,43 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
                         "weights before the first call, or wrap the model again")
 
     def _check_inputs(self, leaves: List[Any], spec: Any) -> None:
-        names = _inputs.positional_names(self._model.forward)
         if spec != self._spec:
+            names = _inputs.positional_names(self._model.forward)
             raise Error(f"{_inputs.describe_change(self._spec, spec, names)}: the model was "
                         "compiled for inputs of another structure. PopTorch compiles a static "
                         "graph: call destroy() (or wrap the model again) for new kinds of input.")
-        leaf_names = _inputs.leaf_names(spec, names)
+        for index, (leaf, expected) in enumerate(zip(leaves, self._input_specs)):
+            shape, dtype, value = expected
+            # What every steady call has: each input as compiled. The names
+            # (pytree paths, the signature) are looked up for a mismatch only.
+            if isinstance(leaf, torch.Tensor):
+                if shape is not None and leaf.dtype == dtype and tuple(leaf.shape) == shape:
+                    continue
+            elif shape is None and not leaf != value:
+                continue
+            self._check_input(index, leaf, spec, expected)
+
+    def _check_input(self, index: int, leaf: Any, spec: Any,
+                     expected: Tuple[Any, Any, Any]) -> None:
+        """Raises if input leaf ``index`` is not what the step was compiled for."""
+        shape, dtype, value = expected
+        leaf_names = _inputs.leaf_names(spec, _inputs.positional_names(self._model.forward))
+        name = leaf_names[index] if leaf_names else f"input {index}"
         static = ("PopTorch compiles a static graph, so shapes and dtypes must stay the same "
                   "(use drop_last=True in the DataLoader, or call destroy() to compile again)")
-        for index, (leaf, (shape, dtype, value)) in enumerate(zip(leaves, self._input_specs)):
-            name = leaf_names[index] if leaf_names else f"input {index}"
-            if shape is None:
-                if isinstance(leaf, torch.Tensor) or leaf != value:
-                    raise Error(f"Value mismatch for {name}: expected {value!r} but got "
-                                f"{leaf!r}: only tensor inputs may change between calls")
-            elif not isinstance(leaf, torch.Tensor):
-                raise Error(f"Type mismatch for {name}: expected Tensor but got "
-                            f"{type(leaf).__name__}: {static}")
-            elif tuple(leaf.shape) != shape:
-                raise Error(f"Shape mismatch for {name}: expected {torch.Size(shape)} but got "
-                            f"{leaf.shape}: {static}")
-            elif leaf.dtype != dtype:
-                raise Error(f"Dtype mismatch for {name}: expected {dtype} but got {leaf.dtype}: "
-                            f"{static}")
+        if shape is None:
+            if isinstance(leaf, torch.Tensor) or leaf != value:
+                raise Error(f"Value mismatch for {name}: expected {value!r} but got "
+                            f"{leaf!r}: only tensor inputs may change between calls")
+        elif not isinstance(leaf, torch.Tensor):
+            raise Error(f"Type mismatch for {name}: expected Tensor but got "
+                        f"{type(leaf).__name__}: {static}")
+        elif tuple(leaf.shape) != shape:
+            raise Error(f"Shape mismatch for {name}: expected {torch.Size(shape)} but got "
+                        f"{leaf.shape}: {static}")
+        elif leaf.dtype != dtype:
+            raise Error(f"Dtype mismatch for {name}: expected {dtype} but got {leaf.dtype}: "
+                        f"{static}")
 
     def _run(self, leaves: List[Any]) -> Any:
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]

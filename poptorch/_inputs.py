@@ -8,6 +8,7 @@ their key order, named tuples...); an object of a type registered with
 from __future__ import annotations
 
 import abc
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
@@ -100,15 +101,52 @@ def unflatten(leaves: List[Any], spec: InputSpec, originals: List[Any]) -> Tuple
     return tuple(args), kwargs
 
 
+def _signature(forward: Callable[..., Any]) -> Optional[inspect.Signature]:
+    """``forward``'s signature, or None if it has no Python one. Looked up once
+    per function: building it is most of what a wrapped model's steady call
+    did in Python (a bound method is a new object at every attribute access,
+    so methods are known by their function)."""
+    function = getattr(forward, "__func__", None)
+    if inspect.isfunction(function) and getattr(forward, "__self__", None) is not None:
+        return _method_signature(function)
+    if inspect.isfunction(forward):
+        return _function_signature(forward)
+    return _uncached_signature(forward)  # other callables: their objects are not kept alive
+
+
+def _uncached_signature(forward: Callable[..., Any]) -> Optional[inspect.Signature]:
+    try:
+        return inspect.signature(forward)
+    except (TypeError, ValueError):
+        return None
+
+
+_function_signature = functools.lru_cache(maxsize=64)(_uncached_signature)
+
+
+@functools.lru_cache(maxsize=64)
+def _method_signature(function: Callable[..., Any]) -> Optional[inspect.Signature]:
+    """The signature of ``function`` bound to an object: without its first parameter."""
+    signature = _uncached_signature(function)
+    if signature is None:
+        return None
+    parameters = list(signature.parameters.values())
+    first = parameters[0].kind if parameters else None
+    if first == inspect.Parameter.VAR_POSITIONAL:  # *args takes the object too
+        return signature
+    if first not in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        return None  # no parameter for the object: inspect has no signature for it either
+    return signature.replace(parameters=parameters[1:])
+
+
 def bind(forward: Callable[..., Any], args: Tuple[Any, ...],
          kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
     """The call in the canonical form of ``forward``'s signature, defaults
     filled in, as PopTorch matches inputs: ``model(x)`` and ``model(x, y=d)``
     (``d`` the default of ``y``) are calls of one compiled step. Arguments that
     do not fit the signature raise the TypeError that calling it would."""
-    try:
-        signature = inspect.signature(forward)
-    except (TypeError, ValueError):  # no Python signature: take the call as it is
+    signature = _signature(forward)
+    if signature is None:  # no Python signature: take the call as it is
         return args, kwargs
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
@@ -118,10 +156,10 @@ def bind(forward: Callable[..., Any], args: Tuple[Any, ...],
 def positional_names(forward: Callable[..., Any]) -> List[str]:
     """The names of ``forward``'s positional parameters (for messages), its
     ``*args`` last as ``"*args"``."""
-    try:
-        parameters = inspect.signature(forward).parameters.values()
-    except (TypeError, ValueError):
+    signature = _signature(forward)
+    if signature is None:
         return []
+    parameters = signature.parameters.values()
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     names = [p.name for p in parameters if p.kind in kinds]
     names += ["*" + p.name for p in parameters if p.kind == inspect.Parameter.VAR_POSITIONAL]
