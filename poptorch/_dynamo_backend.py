@@ -1,9 +1,13 @@
 """``torch.compile(model, backend="ipu")``.
 
-Dynamo hands the backend each FX graph it captures, and AOTAutograd
-(``torch._dynamo.backends.common.aot_autograd``) turns it into functional ATen
-graphs: one for inference, or a forward and a backward for training. Each of
-those runs once on the call's ipu tensors under a whole-step capture, as a
+Dynamo hands the backend each FX graph it captures. A graph dynamo captured
+with gradients disabled (``torch.no_grad()``, which its guards then require of
+every call) is run as dynamo gave it: the lazy capture records its ops at the
+dispatcher, in place updates included, so AOTAutograd's functional ATen graph
+and its runtime wrappers (tens of microseconds per call) would add nothing.
+Otherwise AOTAutograd (``torch._dynamo.backends.common.aot_autograd``) turns it
+into a forward and a backward ATen graph for training. Each graph
+runs once on the call's ipu tensors under a whole-step capture, as a
 wrapped model's step is captured, which gives a program (compiled, or found in
 the executable cache by its structure); every later call replays that program
 from C++ on the call's tensors (``_C.GraphReplay``): no Python per op and
@@ -59,6 +63,9 @@ def ipu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: Option
     if recompile:
         logger.info("torch.compile(backend=\"ipu\"): dynamo compiles a function again (compile "
                     "%s) because a guard failed; TORCH_LOGS=recompiles says which", compile_id)
+    if not torch.is_grad_enabled() and not _sets_grad_mode(gm):
+        replayed = ReplayedGraph(gm, example_inputs)
+        return lambda *args: replayed(list(args))
     # Inference graphs write their inputs in place (an optimiser's step: the
     # parameters), rather than return new values for Python to copy back.
     return aot_autograd(fw_compiler=ReplayedGraph, bw_compiler=ReplayedGraph,
@@ -145,6 +152,13 @@ class _Replay:
         return outputs
 
 
+def _sets_grad_mode(gm: torch.fx.GraphModule) -> bool:
+    """True if the graph turns gradients on or off (``torch.enable_grad()``
+    inside a ``no_grad`` region): AOTAutograd decides what needs them."""
+    return any(node.op == "call_function" and node.target is torch._C._set_grad_enabled
+               for node in gm.graph.nodes)
+
+
 def _why_not_replayable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str:
     """Why the graph cannot be replayed on the ipu ("" if it can): it computes
     on another device, whose ops a capture on the ipu does not record."""
@@ -155,7 +169,9 @@ def _why_not_replayable(gm: torch.fx.GraphModule, example_inputs: Sequence[Any])
         elif not isinstance(x, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
             return f"its argument {i} is a {type(x).__name__}"
     for node in gm.graph.nodes:
-        for value in pytree.tree_leaves(node.meta.get("val")):
+        # "val" in AOTAutograd's graphs, "example_value" in dynamo's.
+        value_meta = node.meta.get("val", node.meta.get("example_value"))
+        for value in pytree.tree_leaves(value_meta):
             if isinstance(value, torch.Tensor) and value.device.type != "ipu":
                 return f"{node.format_node()} computes a tensor on {value.device}"
     return ""
@@ -187,9 +203,21 @@ def _refuse_in_inductor(codegen: ModuleType) -> None:
     # Inductor's way for a device to take part (a scheduling, wrapper codegen
     # and a pass over graphs on the device); the pass runs before any code is
     # generated and raises, instead of inductor's `KeyError: 'ipu'`.
+    from torch._inductor.custom_graph_pass import CustomGraphModulePass
+
+    class RefusalPass(CustomGraphModulePass):
+        """A pass inductor's graph cache can key on (it hashes every device's
+        pass, for graphs on any device, and refuses plain functions)."""
+
+        def __call__(self, gm: torch.fx.GraphModule) -> None:
+            _refuse_inductor()
+
+        def uuid(self) -> str:
+            return "poptorch-ipu-refusal"
+
     codegen.register_backend_for_device("ipu", _InductorRefusal, _InductorRefusal,
                                         _InductorRefusal, _InductorRefusal,
-                                        device_custom_pass=_refuse_inductor)
+                                        device_custom_pass=RefusalPass())
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -165,7 +165,9 @@ def test_the_same_tensor_twice_and_then_two_tensors():
     torch.testing.assert_close(compiled(yi, yi).cpu(), y * 3)
 
 
-def test_outputs_that_view_or_mutate_inputs_behave_as_on_the_cpu():
+# Under no_grad dynamo's graph runs as given; otherwise through AOTAutograd.
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_outputs_that_view_or_mutate_inputs_behave_as_on_the_cpu(grad):
     def f(x, y):
         y.add_(1)
         return x[1:], x * 2
@@ -174,12 +176,52 @@ def test_outputs_that_view_or_mutate_inputs_behave_as_on_the_cpu():
     for _ in range(2):
         x, y = torch.randn(5, 3), torch.randn(3)
         xi, yi = x.to("ipu"), y.to("ipu")
-        view, doubled = compiled(xi, yi)
+        with torch.set_grad_enabled(grad):
+            view, doubled = compiled(xi, yi)
         ref_view, ref_doubled = f(x, y)
         torch.testing.assert_close(yi.cpu(), y)
         torch.testing.assert_close(view.cpu(), ref_view)
         torch.testing.assert_close(doubled.cpu(), ref_doubled)
         assert view.untyped_storage().data_ptr() == xi.untyped_storage().data_ptr()
+
+
+def test_batch_norm_statistics_updated_under_no_grad_match_the_cpu():
+    # Train-mode batch norm writes its running statistics in place: inputs the
+    # replayed program writes at every call.
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU())
+    model = copy.deepcopy(reference).to("ipu")
+    compiled = torch.compile(model, backend="ipu")
+    with torch.no_grad():
+        for call in range(3):
+            x = torch.randn(5, 6)
+            out = compiled(x.to("ipu"))
+            torch.testing.assert_close(out.cpu(), reference(x), rtol=1e-5, atol=1e-5)
+            if call == 0:
+                compiled_once = poptorch.metrics()["graphs_compiled"]
+    for (key, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(a.cpu(), b, msg=key)
+    metrics = poptorch.metrics()
+    assert metrics["graphs_compiled"] == compiled_once and metrics["dynamo_replays"] == 3
+
+
+def test_gradients_enabled_inside_a_no_grad_call_as_on_the_cpu():
+    def f(x, w):
+        y = x * 2
+        with torch.enable_grad():
+            z = y @ w
+        return y + 1, z
+
+    compiled = torch.compile(f, backend="ipu")
+    x, w = torch.randn(3, 4), torch.randn(4, 2, requires_grad=True)
+    wi = w.detach().to("ipu").requires_grad_()
+    with torch.no_grad():
+        ref_y, ref_z = f(x, w)
+        for _ in range(2):
+            y, z = compiled(x.to("ipu"), wi)
+            torch.testing.assert_close(y.cpu(), ref_y)
+            torch.testing.assert_close(z.detach().cpu(), ref_z.detach())
+            assert (y.requires_grad, z.requires_grad) == (ref_y.requires_grad, ref_z.requires_grad)
 
 
 def test_a_graph_break_runs_lazily_between_compiled_graphs():
@@ -267,6 +309,16 @@ def test_the_default_backend_says_to_use_the_ipu_backend():
     with pytest.raises(Exception, match='backend="ipu"') as raised:
         compiled(torch.randn(4).to("ipu"))
     assert "KeyError" not in str(raised.value)
+
+
+@pytest.mark.slow
+def test_inductor_still_compiles_cpu_graphs_once_the_ipu_is_refused():
+    # Inductor's graph cache hashes the pass each device registered, for graphs
+    # on any device: the ipu's refusal must be a pass it can hash.
+    import torch._inductor.codegen.common  # noqa: F401  (registers the ipu's refusal)
+    model = nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(torch.compile(model, backend="inductor")(x), model(x))
 
 
 # Not a compiled submodule: trainingModel would see its parameters under two names.
