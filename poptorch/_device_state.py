@@ -50,6 +50,9 @@ class DeviceState:
         self.device = device
         self.host = _host_state(model)
         self.tensors: Dict[str, torch.Tensor] = {}
+        # names, host tensors and device tensors in one order, for the check of
+        # every call (changed_on_the_host); None after either dict changed
+        self._pairs: Optional[Tuple[List[str], List[torch.Tensor], List[torch.Tensor]]] = None
         # (name, the dict its module keeps it in, its key there): where the
         # user may put another tensor under that name
         self._slots: List[Tuple[str, Dict[str, Optional[torch.Tensor]], str]] = []
@@ -73,6 +76,7 @@ class DeviceState:
                 _alias(host, device)
             _USERS.setdefault(host, set()).add(self.owner)
             self.tensors[name] = device
+        self._pairs = None
 
     def detach(self) -> None:
         """Gives host tensors back their own memory where no other executor
@@ -86,6 +90,7 @@ class DeviceState:
                     host.data = host.data.clone()
                 del _DEVICE_COPIES[host]
         self.tensors = {}
+        self._pairs = None
 
     def copy_to_device(self, hosts: Optional[Dict[str, torch.Tensor]] = None) -> None:
         """Re-syncs device copies with host tensors that were replaced
@@ -99,6 +104,7 @@ class DeviceState:
                 self.host[name] = host
                 _DEVICE_COPIES[host] = device
                 _USERS.setdefault(host, set()).add(self.owner)
+                self._pairs = None
             if not _aliases(host, device):
                 with torch.no_grad():
                     device.copy_(host.detach())
@@ -120,9 +126,12 @@ class DeviceState:
                                 "model was compiled: call destroy() to compile it again")
                 changed[name] = current
                 replaced.add(name)
-        names = list(self.host)
-        for index in _C.unaliased(list(self.host.values()), [self.tensors[n] for n in names]):
-            changed.setdefault(names[index], self.host[names[index]])
+        if self._pairs is None:
+            names = list(self.host)
+            self._pairs = (names, [self.host[n] for n in names], [self.tensors[n] for n in names])
+        names, hosts, devices = self._pairs
+        for index in _C.unaliased(hosts, devices):
+            changed.setdefault(names[index], hosts[index])
         for name, host in changed.items():
             device = self.tensors[name]
             if host.shape != device.shape or host.dtype != device.dtype:
