@@ -48,7 +48,13 @@ def write(filename: str, payload: Dict[str, Any]) -> None:
     file renamed into place)."""
     directory = os.path.dirname(filename)
     if directory:
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as error:
+            why = ("a file has that name" if isinstance(error, FileExistsError) else
+                   error.strerror or str(error))
+            raise Error(f"cannot write {filename}: cannot make its directory {directory} "
+                        f"({why}). Save to a path in a directory you can write to") from None
     if os.path.isdir(filename):
         target = os.path.join(filename, "model.poptorch")
         logger.warning("%s is a directory: saving the model to %s", filename, target)
@@ -65,8 +71,12 @@ def write(filename: str, payload: Dict[str, Any]) -> None:
     header = {"format": _FORMAT, **_identity(), "sha256": hashlib.sha256(data).hexdigest()}
     temporary = f"{filename}.{os.getpid()}.tmp"
     try:
-        torch.save({"header": header, "payload": data}, temporary)
+        with open(temporary, "wb") as file:
+            torch.save({"header": header, "payload": data}, file)
         os.replace(temporary, filename)
+    except OSError as error:
+        raise Error(f"cannot write {filename}: {error.strerror or error}. Save to a path in a "
+                    "directory you can write to") from None
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)

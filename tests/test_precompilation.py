@@ -299,6 +299,27 @@ def test_misuses_are_errors(exported, tmp_path):
         model.loadExecutable(exported)
 
 
+def test_export_makes_missing_directories_as_poptorch_does(tmp_path):
+    model = poptorch.inferenceModel(Net(), poptorch.Options().showCompilationProgressBar(False))
+    x = torch.randn(2, 4)
+    target = tmp_path / "not" / "there" / "model.poptorch"
+    model.compileAndExport(target, x)
+    torch.testing.assert_close(poptorch.load(target)(x), model.model(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("where, why", [("a_file/model.poptorch", "a file has that name"),
+                                        ("a_file/below/model.poptorch", "Not a directory"),
+                                        ("x" * 300, "File name too long")])
+def test_export_where_no_file_can_be_written_names_the_path(tmp_path, where, why):
+    (tmp_path / "a_file").write_text("not a directory")
+    model = poptorch.inferenceModel(Net(), poptorch.Options().showCompilationProgressBar(False))
+    target = str(tmp_path / where)
+    with pytest.raises(poptorch.Error, match=f"cannot write {target}: .*{why}"):
+        model.compileAndExport(target, torch.randn(2, 4))
+    with pytest.raises(poptorch.Error, match=f"cannot write {target}"):
+        model.save(target)
+
+
 def test_load_applies_edit_opts_fn_and_runs_where_it_is_loaded(exported):
     seen = []
 
