@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -11,18 +11,7 @@ from ._device_amp import amp
 from ._device_streams import (Event, Stream, StreamContext, current_stream, default_stream,
                               set_stream, stream)
 
-_DeviceLike = Union[torch.device, str, int, None]
-
-
-def _index(device: _DeviceLike) -> int:
-    if device is None:
-        return _C.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    if device.type != "ipu":
-        raise ValueError(f"expected an ipu device, got {device}")
-    return _C.current_device() if device.index is None else device.index
+from ._device_index import DeviceLike as _DeviceLike, index_of as _index
 
 
 def is_available() -> bool:

@@ -9,32 +9,29 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
 from . import _C
 
-_DeviceLike = Union[torch.device, str, int, None]
+from ._device_index import DeviceLike as _DeviceLike, index_of
+
+# c10::DeviceType::IPU, which torch.Stream takes as a number.
+_IPU_DEVICE_TYPE = 18
 
 
-def _device_of(device: _DeviceLike) -> torch.device:
-    if device is None:
-        return torch.device("ipu", _C.current_device())
-    if isinstance(device, int):
-        return torch.device("ipu", device)
-    device = torch.device(device)
-    if device.type != "ipu":
-        raise ValueError(f"expected an ipu device, got {device}")
-    return device if device.index is not None else torch.device("ipu", _C.current_device())
-
-
-class Stream:
+class Stream(torch.Stream):
     """The queue of an IPU. Every stream of an IPU is its one queue: ops run in
-    the order they were captured, whichever stream is current."""
+    the order they were captured, whichever stream is current. A ``torch.Stream``
+    (as CUDA's streams are), so ``tensor.record_stream(s)`` takes it: that does
+    nothing, since a pending graph holds the tensors it reads."""
+
+    def __new__(cls, device: _DeviceLike = None, priority: int = 0) -> "Stream":
+        return super().__new__(cls, stream_id=0, device_index=index_of(device),
+                               device_type=_IPU_DEVICE_TYPE)
 
     def __init__(self, device: _DeviceLike = None, priority: int = 0) -> None:
-        self.device = _device_of(device)
         self.priority = priority  # accepted; one queue has no priorities
 
     def synchronize(self) -> None:
@@ -93,6 +90,9 @@ class Event:
 
     def elapsed_time(self, end_event: "Event") -> float:
         """Milliseconds from this event to ``end_event``."""
+        if not isinstance(end_event, Event):
+            raise TypeError(f"elapsed_time() takes a torch.ipu.Event, got "
+                            f"{type(end_event).__name__}")
         if self._recorded_at is None or end_event._recorded_at is None:
             raise RuntimeError("both events must be recorded before elapsed_time(): call "
                                "record() on each")

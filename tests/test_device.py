@@ -159,11 +159,6 @@ def test_strided_nested_tensors_are_refused_with_a_clear_error(make):
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="torch.nested.nested_tensor(data, device=...) makes the nested tensor "
-                          "on the CPU and copies it in PyTorch's nested _to_copy kernel, which "
-                          "fails its INTERNAL ASSERT (CPU, CUDA, XPU, HPU and PrivateUse1 "
-                          "storages only) before any ipu kernel runs")
 @pytest.mark.parametrize("parts", [[torch.ones(2, 3), torch.ones(4, 3)], []], ids=["two", "none"])
 def test_nested_tensor_constructor_with_an_ipu_device(parts):
     assert torch.nested.nested_tensor(parts).is_nested

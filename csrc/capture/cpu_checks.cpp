@@ -25,8 +25,10 @@
 namespace poptorch::capture {
 namespace {
 
-// Above this many bytes of stand-ins, a check would cost a CPU run of that
-// size: the op's argument errors then surface when the graph runs.
+// Above this many bytes of stand-ins and results, a check would cost a CPU
+// run of that size (or fail for host memory where the ipu's own allocation
+// would raise its out-of-memory error): the op's argument errors then surface
+// when the graph runs.
 constexpr size_t kMaxStandInBytes = size_t{16} << 20;
 
 // The values the stand-ins hold: every element zero, then every element one.
@@ -46,10 +48,10 @@ using Extents = absl::flat_hash_map<const c10::StorageImpl*, Extent>;
 class StandIns {
  public:
   // The extents of the distinct ipu storages of `arguments`, or nullopt if
-  // they are too large to run on.
-  static std::optional<Extents> measure(c10::ArrayRef<c10::IValue> arguments) {
+  // they are too large to run on, with the `result_bytes` the kernel makes.
+  static std::optional<Extents> measure(c10::ArrayRef<c10::IValue> arguments, size_t result_bytes) {
     Extents extents;
-    size_t total = 0;
+    size_t total = result_bytes;
     for (const c10::IValue& value : arguments) {
       forEachTensor(value, [&](const at::Tensor& t) {
         if (!t.defined() || !t.is_ipu()) return;
@@ -105,6 +107,28 @@ class StandIns {
 
   absl::flat_hash_map<const c10::StorageImpl*, c10::Storage> storages_;
 };
+
+// The bytes of the results `expected` says the kernel makes (its fresh
+// results, and the written arguments at their size after the op), at most
+// one past the limit: sizes may be far beyond what a size_t sums.
+size_t resultBytes(const MetaResult& expected) {
+  size_t total = 0;
+  auto add = [&total](const Layout& layout) {
+    if (!layout.defined || total > kMaxStandInBytes) return;
+    const size_t bytes = at::detail::computeStorageNbytes(
+        layout.sizes, layout.strides, c10::elementSize(layout.dtype), layout.offset);
+    total += std::min(bytes, kMaxStandInBytes + 1);
+  };
+  for (const ReturnInfo& info : expected.returns) {
+    for (const Layout& layout : info.tensors) {
+      if (layout.storage < 0) add(layout);  // views make no memory
+    }
+  }
+  for (const std::vector<Layout>& written : expected.written) {
+    for (const Layout& layout : written) add(layout);
+  }
+  return total;
+}
 
 bool isGenerator(const c10::Argument& argument) {
   c10::TypePtr type = argument.type();
@@ -230,9 +254,10 @@ bool checkable(const c10::OperatorHandle& op) {
 }  // namespace
 
 std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
-                                       c10::ArrayRef<c10::IValue> arguments) {
+                                       c10::ArrayRef<c10::IValue> arguments,
+                                       const MetaResult& expected) {
   if (!checkable(op)) return std::nullopt;
-  const std::optional<Extents> extents = StandIns::measure(arguments);
+  const std::optional<Extents> extents = StandIns::measure(arguments, resultBytes(expected));
   if (!extents) {
     POPTORCH_LOG(kTrace) << op.operator_name()
                          << ": tensors too large to check as the CPU kernel at the call";

@@ -45,9 +45,12 @@ struct CpuRun {
 // caller runs it once per signature of the arguments (shapes, strides,
 // dtypes, aliasing and non-tensor values), at a call of the op: the warnings
 // the kernel gives once per process (TORCH_WARN_ONCE) are given here, the
-// others are returned, for the caller to give at every call.
+// others are returned, for the caller to give at every call. `expected` (the
+// Meta kernel's answer) tells how much memory the results take: large
+// arguments or results are not checked (nullopt).
 std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
-                                       c10::ArrayRef<c10::IValue> arguments);
+                                       c10::ArrayRef<c10::IValue> arguments,
+                                       const MetaResult& expected);
 
 // Gives the fresh results and the written arguments of `result` the strides
 // (and a written argument its offset) the CPU kernel gave them, where the

@@ -350,6 +350,16 @@ at::Tensor scaledDotProductAttention(const at::Tensor& query, const at::Tensor& 
                                                   is_causal, scale, enable_gqa);
 }
 
+// CUDA's record_stream keeps a tensor's memory from reuse until the work
+// queued on another stream has run. An emulated IPU has one queue, and a
+// pending graph holds the tensors it reads, so there is nothing to keep.
+void recordStream(at::Tensor& /*self*/, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::IPU,
+              "record_stream: an ipu tensor takes a stream of the ipu (torch.ipu.Stream or "
+              "torch.ipu.current_stream()), got a stream of ",
+              stream.device());
+}
+
 // `module.to(device)` keeps its Parameter objects (so tied weights stay tied
 // and an optimiser made before the move keeps training the model) only when
 // this says `param.data = moved` may swap the TensorImpl's contents; PyTorch's
@@ -413,6 +423,7 @@ TORCH_LIBRARY_IMPL(aten, IPU, m) {
   m.impl("scaled_dot_product_attention", TORCH_FN(scaledDotProductAttention));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(hasCompatibleShallowCopyType));
   m.impl("group_norm", TORCH_FN(groupNorm));
+  m.impl("record_stream", TORCH_FN(recordStream));
 }
 
 // Host tensors copied to the ipu keep their layout too (see preservedStrides).

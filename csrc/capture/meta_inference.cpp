@@ -320,7 +320,8 @@ class FakeCpuInference {
 // corrections), so it counts by its class, and a new learning rate is not
 // checked again. Layouts never depend on a float's value.
 const std::optional<CpuRun>& checkAsCpuKernelOnce(const c10::OperatorHandle& op,
-                                                  c10::ArrayRef<c10::IValue> arguments) {
+                                                  c10::ArrayRef<c10::IValue> arguments,
+                                                  const MetaResult& expected) {
   std::vector<int64_t> key;
   Signature signature(op, key, Signature::Floats::kByClass);
   for (const c10::IValue& value : arguments) signature.add(value);
@@ -328,7 +329,7 @@ const std::optional<CpuRun>& checkAsCpuKernelOnce(const c10::OperatorHandle& op,
   auto it = checked.find(key);
   if (it != checked.end()) return it->second;
   // Throws what the CPU kernel raises.
-  std::optional<CpuRun> run = checkAsCpuKernel(op, arguments);
+  std::optional<CpuRun> run = checkAsCpuKernel(op, arguments, expected);
   if (checked.size() >= kMaxCachedSignatures) checked.clear();
   return checked.emplace(std::move(key), std::move(run)).first->second;
 }
@@ -478,7 +479,7 @@ std::shared_ptr<const MetaResult> inferMeta(const c10::OperatorHandle& op,
   // Without a Meta answer the op runs on the host, which makes the CPU
   // kernel's checks itself.
   if (keyed) {
-    const std::optional<CpuRun>& cpu = checkAsCpuKernelOnce(op, arguments);
+    const std::optional<CpuRun>& cpu = checkAsCpuKernelOnce(op, arguments, *result);
     if (cpu) {
       adoptCpuStrides(*cpu, *result);
       result->warnings = cpu->warnings;

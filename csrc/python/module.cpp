@@ -352,6 +352,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("device_count", &device::deviceCount);
   m.def("current_device", &device::currentIndex);
   m.def("set_device", &device::setCurrentIndex);
+  m.def("check_device", &device::checkIndex, "Raises an IndexError if `index` is not an ipu.");
   m.def("memory_allocated", &device::memoryAllocated);
   m.def("max_memory_allocated", &device::maxMemoryAllocated);
   m.def("reset_peak_memory_stats", &device::resetPeakMemoryAllocated);

@@ -1,0 +1,126 @@
+"""Misuses an outside tester writes (issue 9, bad input): each gives a clear error
+naming what was wrong and how to fix it, or the CPU's own error, never a crash, an
+internal assert or a silent wrong result."""
+import pytest
+import torch
+
+
+# Nested tensors (the ops tests/test_device.py checks are left out) ------------
+
+PIECES = [[1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
+def _pieces(device):
+    return [torch.tensor(p, device=device) for p in PIECES]
+
+
+STRIDED_NESTED = {
+    "nested_tensor of lists": lambda: torch.nested.nested_tensor(PIECES, device="ipu:0"),
+    "nested_tensor of ipu tensors": lambda: torch.nested.nested_tensor(_pieces("ipu")),
+    "as_nested_tensor to the ipu": lambda: torch.nested.as_nested_tensor(
+        _pieces("cpu"), device=torch.device("ipu")),
+    "as_nested_tensor of a batch": lambda: torch.nested.as_nested_tensor(
+        torch.ones(2, 3, device="ipu")),
+    "a host nested tensor moved": lambda: torch.nested.nested_tensor(_pieces("cpu")).to("ipu"),
+    "narrow": lambda: torch.nested.narrow(torch.ones(2, 6, device="ipu"), 1, 0, 3,
+                                          layout=torch.strided),
+}
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("make", STRIDED_NESTED.values(), ids=STRIDED_NESTED.keys())
+def test_a_strided_nested_tensor_on_the_ipu_says_to_use_the_jagged_layout(make):
+    # The constructors with device="ipu" failed PyTorch's INTERNAL ASSERT.
+    with pytest.raises(NotImplementedError,
+                       match=r"nested tensors of the strided layout.*layout=torch\.jagged"):
+        make()
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_strided_nested_tensors_stay_usable_on_the_cpu():
+    nt = torch.nested.nested_tensor(_pieces("cpu"), dtype=torch.half)
+    assert nt.is_nested and nt.is_cpu and nt.dtype == torch.half
+    assert torch.nested.as_nested_tensor(_pieces("cpu"), device="cpu").is_nested
+
+
+# Streams and events ---------------------------------------------------------
+
+def test_record_stream_takes_ipu_streams_and_changes_nothing():
+    x = torch.arange(6.0).to("ipu") * 2
+    side = torch.ipu.Stream()
+    with torch.ipu.stream(side):
+        y = x + 1
+    x.record_stream(torch.ipu.current_stream())  # was "unknown parameter type"
+    y.record_stream(side)
+    assert isinstance(side, torch.Stream) and side.device == torch.device("ipu", 0)
+    torch.testing.assert_close(y.cpu(), torch.arange(6.0) * 2 + 1)
+
+
+def test_record_stream_of_another_device_is_an_error():
+    with pytest.raises(RuntimeError, match="an ipu tensor takes a stream of the ipu"):
+        torch.ones(2, device="ipu").record_stream(torch.Stream("cpu"))
+
+
+def test_elapsed_time_needs_two_recorded_events():
+    start = torch.ipu.Event(enable_timing=True)
+    with pytest.raises(RuntimeError, match="both events must be recorded"):
+        start.elapsed_time(torch.ipu.Event(enable_timing=True))
+    start.record()
+    with pytest.raises(TypeError, match="takes a torch.ipu.Event, got int"):
+        start.elapsed_time(3)
+
+
+# Device indices ---------------------------------------------------------------
+
+NO_SUCH_IPU = {
+    "Stream": lambda: torch.ipu.Stream(99),
+    "Stream of ipu:7": lambda: torch.ipu.Stream("ipu:7"),
+    "get_rng_state": lambda: torch.ipu.get_rng_state(99),
+    "set_rng_state": lambda: torch.ipu.set_rng_state(torch.get_rng_state(), 99),
+    "set_device": lambda: torch.ipu.set_device(99),
+    "device": lambda: torch.ipu.device(-1).__enter__(),
+    "memory_stats": lambda: torch.ipu.memory_stats(99),
+    "mem_get_info": lambda: torch.ipu.mem_get_info("ipu:7"),
+    "a tensor": lambda: torch.ones(2, device="ipu:99"),
+}
+
+
+@pytest.mark.parametrize("call", NO_SUCH_IPU.values(), ids=NO_SUCH_IPU.keys())
+def test_an_ipu_index_that_is_not_there_is_an_index_error(call):
+    # Streams and the random state took any index without a word.
+    with pytest.raises(IndexError, match=r"is not a device: this machine has \d+ IPUs"):
+        call()
+
+
+def test_a_device_of_another_type_is_a_value_error():
+    with pytest.raises(ValueError, match="expected an ipu device, got cpu"):
+        torch.ipu.Stream("cpu")
+
+
+# Sizes ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [
+    lambda device: torch.arange(0, 2**40, device=device),
+    lambda device: torch.zeros(2**40, device=device),
+    lambda device: torch.ones(4, device=device).expand(2**40, 4).contiguous(),
+], ids=["arange", "zeros", "expanded"])
+def test_a_result_larger_than_the_ipu_is_its_out_of_memory_error(make):
+    # arange's check at the call ran the CPU kernel at full size, and failed
+    # for 8 TB of host memory instead.
+    with pytest.raises(torch.OutOfMemoryError, match="IPU out of memory"):
+        make("ipu")
+    torch.testing.assert_close((torch.ones(3, device="ipu") + 1).cpu(), torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("make", [lambda device: torch.empty(-1, device=device),
+                                  lambda device: torch.full((-2, 3), 1.0, device=device),
+                                  lambda device: torch.empty(2**62, device=device),
+                                  lambda device: torch.empty(2**63, device=device)],
+                         ids=["negative", "negative full", "overflowing", "beyond int64"])
+def test_impossible_sizes_raise_the_cpus_error(make):
+    with pytest.raises(Exception) as on_cpu:
+        make("cpu")
+    with pytest.raises(type(on_cpu.value)) as on_ipu:
+        make("ipu")
+    assert str(on_ipu.value).split(" and strides")[0].split("\n")[0] == \
+        str(on_cpu.value).split("\n")[0]
