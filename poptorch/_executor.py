@@ -120,6 +120,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         self._before_update: Optional[Callable[[], None]] = None
         self._compiled = False
         self._modes: List[Tuple[torch.nn.Module, bool]] = []  # set by each compilation
+        self._default_dtype = torch.get_default_dtype()  # the one of the last capture
         self._attached = False
         self._destroyed = False
         self._lock = threading.RLock()
@@ -154,6 +155,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
             self._compile(leaves, spec)
         else:
             self._check_grouping()
+            _inputs.check_default_dtype(self._default_dtype)
             self._check_inputs(leaves, spec)
             if not self._attached:
                 logger.info("attaching the model to the IPU again")
@@ -446,6 +448,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         """Captures and compiles the micro-step (and update) programs from the
         example micro-batch. Each IPU's memory is checked once the weights are
         on their blocks' IPUs."""
+        self._default_dtype = torch.get_default_dtype()
         with self._lookup_scope(), _ipu_memory.deferred_capacity_check():
             first = self._capture_programs(progress)
         strategy = self._strategy()

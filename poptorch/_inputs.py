@@ -220,3 +220,14 @@ def leaf_names(spec: InputSpec, names: List[str]) -> Optional[List[str]]:
         first = (_argument_name(head.idx, names) if path[0].idx == 0 else str(head.key))
         result.append(first + "".join(str(k) for k in path[2:]))
     return result
+
+
+def check_default_dtype(compiled_with: torch.dtype) -> None:
+    """Raises if torch.get_default_dtype() is not the one the step was captured
+    with: ops on integer tensors (``a / b``, ``a * 0.5``) computed in that one."""
+    current = torch.get_default_dtype()
+    if current != compiled_with:
+        raise Error(f"torch.get_default_dtype() is {current}, but the model was compiled when "
+                    f"it was {compiled_with}, and ops on integer tensors compute in the "
+                    "default dtype of their capture. PopTorch compiles a static graph: set the "
+                    "default dtype back, or call destroy() to compile again.")

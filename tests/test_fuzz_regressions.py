@@ -255,3 +255,15 @@ def test_a_16_bit_linear_of_a_strided_batch_rounds_as_the_cpu():
     results = [torch.nn.functional.linear(base.to(dev)[..., 0], w.to(dev), b.to(dev)).cpu()
                for dev in DEVICES]  # the strided view made on each device
     torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)
+
+
+def test_an_empty_index_of_index_fill_is_not_cast_to_the_default_dtype():
+    # Ops that compute in the default dtype get their integer inputs cast to it at the call
+    # (capture/default_dtype.h); an index is no such input, although a Python float and an
+    # empty index leave the op's Meta result the same when it is cast.
+    results = []
+    for dev in DEVICES:
+        t = torch.ones((), device=dev).bool()
+        t.index_fill_(0, torch.zeros((0,), dtype=torch.int64, device=dev), 0.0)
+        results.append(t.cpu())
+    assert_same(results[0], results[1].to("ipu"))

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include "capture/capture.h"
+#include "capture/default_dtype.h"
 #include "capture/meta_inference.h"
 #include "capture/op_traits.h"
 #include "capture/pending_graph.h"
@@ -374,6 +375,22 @@ std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& t
   return results;
 }
 
+// record() for an ordinary call. One whose kernel would read the default dtype
+// when it runs computes on its integer inputs cast to the default dtype of the
+// call instead (default_dtype.h), as the CPU kernel computes at the call.
+std::vector<c10::IValue> recordCall(const c10::OperatorHandle& op, const OpTraits& traits,
+                                    c10::ArrayRef<c10::IValue> arguments, c10::Device device,
+                                    const MetaResult& meta) {
+  if (meta.default_dtype_casts.any()) {
+    const std::vector<c10::IValue> cast = castArguments(arguments, meta.default_dtype_casts);
+    const std::shared_ptr<const MetaResult> cast_meta = inferMeta(op, cast);
+    if (cast_meta && !cast_meta->default_dtype_casts.any() && sameResults(*cast_meta, meta)) {
+      return record(op, traits, cast, device, *cast_meta, ir::Guard::kNone);
+    }
+  }
+  return record(op, traits, arguments, device, meta, ir::Guard::kNone);
+}
+
 // The arguments of `op` on `stack` replaced by `results` from record(), the
 // written arguments it returns in their place.
 void replaceArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t num_args,
@@ -417,9 +434,8 @@ bool capture(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::
   const size_t num_args = traits.args.size();
   const std::shared_ptr<const MetaResult> meta = inferMeta(op, torch::jit::last(*stack, num_args));
   if (!meta) return false;
-  replaceArguments(
-      op, stack, num_args,
-      record(op, traits, torch::jit::last(*stack, num_args), device, *meta, ir::Guard::kNone));
+  replaceArguments(op, stack, num_args,
+                   recordCall(op, traits, torch::jit::last(*stack, num_args), device, *meta));
   return true;
 }
 
@@ -515,7 +531,7 @@ std::optional<std::vector<c10::IValue>> captureBorrowed(const c10::OperatorHandl
   const c10::Device device = deviceOf(op, traits, arguments, allow_several_ipus);
   const std::shared_ptr<const MetaResult> meta = inferMeta(op, arguments);
   if (!meta) return std::nullopt;
-  return record(op, traits, arguments, device, *meta, ir::Guard::kNone);
+  return recordCall(op, traits, arguments, device, *meta);
 }
 
 void synchronize() {

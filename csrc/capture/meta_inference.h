@@ -32,6 +32,16 @@ struct ReturnInfo {
   c10::IValue other;  // a non-tensor return
 };
 
+// Arguments a call casts to the default dtype of the call, so that its kernel
+// does not read the default when it runs (see default_dtype.h): a bit per
+// argument index.
+struct DefaultDtypeCasts {
+  uint64_t arguments = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+
+  bool any() const { return arguments != 0; }
+};
+
 struct MetaResult {
   std::vector<ReturnInfo> returns;           // one per schema return
   std::vector<std::vector<Layout>> written;  // per argument: its tensors after the op
@@ -39,6 +49,7 @@ struct MetaResult {
   // and whether the call gives the kernel's warnings (then its run does not).
   std::vector<c10::Warning> warnings;
   bool warnings_at_call = false;
+  DefaultDtypeCasts default_dtype_casts;
 };
 
 // The layout of `t`; `storage` as in Layout.

@@ -1,0 +1,134 @@
+#include "capture/default_dtype.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DefaultDtype.h>
+
+#include "capture/op_traits.h"
+
+namespace poptorch::capture {
+namespace {
+
+constexpr size_t kMaxArguments = 64;  // one bit each
+
+// A tensor of another dtype that type promotion sees as it sees `t`: a Python
+// number PyTorch wrapped keeps its own category.
+bool isWrappedNumber(const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); }
+
+// The arguments the kernel would cast from an integer dtype to the default
+// one: integer and bool tensors it reads (bits of `integers`, of which bools
+// in `bools`), when no floating-point tensor or explicit dtype decides the
+// computation's dtype, and a floating-point result says that the default
+// does (or, for a pointwise op, whose tensors are all operands, a Python
+// float: `a > 0.5` compares in the default dtype). False if the op cannot
+// read the default dtype so. The tensors an op writes are never cast: an
+// out= tensor's dtype does not decide (div(a, b, out=) of integers computes
+// in the default dtype), an in-place op's self does (copy_ of an integer
+// tensor into a float one).
+bool integerInputs(const OpTraits& traits, c10::ArrayRef<c10::IValue> arguments,
+                   const MetaResult& result, uint64_t* integers, uint64_t* bools) {
+  bool python_float = false;
+  for (size_t i = 0; i < arguments.size() && i < traits.args.size(); ++i) {
+    const c10::IValue& value = arguments[i];
+    if (traits.args[i].scalar_type && !value.isNone()) return false;  // an explicit dtype
+    if (traits.args[i].is_out) continue;
+    if (value.isDouble()) python_float = true;
+    if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorList()) {
+        if (t.defined() && !c10::isIntegralType(t.scalar_type(), /*includeBool=*/true)) {
+          return false;
+        }
+      }
+    }
+    if (!value.isTensor() || !value.toTensor().defined()) continue;
+    const at::Tensor& t = value.toTensor();
+    if (isWrappedNumber(t)) {
+      python_float = python_float || c10::isFloatingType(t.scalar_type());
+      continue;
+    }
+    if (!c10::isIntegralType(t.scalar_type(), /*includeBool=*/true)) return false;
+    if (traits.args[i].writes || i >= kMaxArguments) continue;
+    *integers |= uint64_t{1} << i;
+    if (t.scalar_type() == c10::ScalarType::Bool) *bools |= uint64_t{1} << i;
+  }
+  if (*integers == 0) return false;
+  auto floating = [](const std::vector<Layout>& layouts) {
+    for (const Layout& layout : layouts) {
+      if (layout.defined && c10::isFloatingType(layout.dtype)) return true;
+    }
+    return false;
+  };
+  bool floating_result = false;
+  for (const ReturnInfo& info : result.returns) floating_result |= floating(info.tensors);
+  return floating_result || (python_float && traits.pointwise);
+}
+
+// What the ipu tensors of `arguments` look like to a Meta kernel, with the
+// casts applied as `Tensor.to` would (its strides).
+std::vector<c10::IValue> castMetaTwins(c10::ArrayRef<c10::IValue> arguments,
+                                       const DefaultDtypeCasts& casts) {
+  std::vector<c10::IValue> cast(arguments.begin(), arguments.end());
+  for (size_t i = 0; i < cast.size() && i < kMaxArguments; ++i) {
+    if (!(casts.arguments >> i & 1)) continue;
+    const at::Tensor& t = arguments[i].toTensor();
+    const c10::Device device = t.is_ipu() ? c10::Device(c10::kMeta) : t.device();
+    at::Tensor twin = at::empty_strided(t.sizes(), t.strides(), t.options().device(device));
+    cast[i] = twin.to(casts.dtype);
+  }
+  return cast;
+}
+
+}  // namespace
+
+bool sameResults(const MetaResult& a, const MetaResult& b) {
+  auto same = [](const std::vector<Layout>& x, const std::vector<Layout>& y) {
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (x[i].defined != y[i].defined || x[i].dtype != y[i].dtype || x[i].sizes != y[i].sizes ||
+          x[i].strides != y[i].strides || x[i].offset != y[i].offset) {
+        return false;
+      }
+    }
+    return true;
+  };
+  if (a.returns.size() != b.returns.size() || a.written.size() != b.written.size()) return false;
+  for (size_t r = 0; r < a.returns.size(); ++r) {
+    if (a.returns[r].is_list != b.returns[r].is_list ||
+        !same(a.returns[r].tensors, b.returns[r].tensors)) {
+      return false;
+    }
+  }
+  for (size_t w = 0; w < a.written.size(); ++w) {
+    if (!same(a.written[w], b.written[w])) return false;
+  }
+  return true;
+}
+
+DefaultDtypeCasts defaultDtypeCasts(const c10::OperatorHandle& op,
+                                    c10::ArrayRef<c10::IValue> arguments, const MetaResult& result,
+                                    const MetaRunner& infer) {
+  uint64_t integers = 0;
+  uint64_t bools = 0;
+  if (!integerInputs(traitsOf(op), arguments, result, &integers, &bools)) return {};
+  const c10::ScalarType dtype = c10::typeMetaToScalarType(c10::get_default_dtype());
+  // Bool tensors too (`mask / 2`), unless the op takes them as conditions
+  // (where(mask, a, 0.5)), which a cast breaks.
+  for (uint64_t candidate : {integers, integers & ~bools}) {
+    if (candidate == 0) continue;
+    const DefaultDtypeCasts casts{candidate, dtype};
+    const std::optional<MetaResult> cast = infer(castMetaTwins(arguments, casts));
+    if (cast && sameResults(*cast, result)) return casts;
+  }
+  return {};
+}
+
+std::vector<c10::IValue> castArguments(c10::ArrayRef<c10::IValue> arguments,
+                                       const DefaultDtypeCasts& casts) {
+  std::vector<c10::IValue> cast(arguments.begin(), arguments.end());
+  for (size_t i = 0; i < cast.size() && i < kMaxArguments; ++i) {
+    if (casts.arguments >> i & 1) cast[i] = arguments[i].toTensor().to(casts.dtype);
+  }
+  return cast;
+}
+
+}  // namespace poptorch::capture
