@@ -126,3 +126,24 @@ def test_integer_inputs_promote_to_the_default_dtype_of_each_call(default):
         finally:
             torch.set_default_dtype(torch.float32)
     torch.testing.assert_close(results["ipu"], results["cpu"])
+
+
+@pytest.mark.parametrize("stat_shape", [(3,), (5,), (0,)])
+@pytest.mark.parametrize("training", [False, True])
+def test_native_batch_norm_out_leaves_or_resizes_the_saved_statistics_as_the_cpu(
+        training, stat_shape):
+    """Out of training the CPU leaves save_mean/save_invstd as they are; training resizes them."""
+    results = {}
+    for d in ("cpu", "ipu"):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(4, 3, 5, generator=g).to(d)
+        w, b = torch.rand(3, generator=g).to(d), torch.rand(3, generator=g).to(d)
+        running_mean, running_var = torch.zeros(3, device=d), torch.ones(3, device=d)
+        outs = (torch.empty(4, 3, 5, device=d), torch.full(stat_shape, 7.0, device=d),
+                torch.full(stat_shape, 7.0, device=d))
+        returned = torch.native_batch_norm(x, w, b, running_mean, running_var, training, 0.1,
+                                           1e-5, out=outs)
+        results[d] = [*outs, *returned, running_mean, running_var]
+    for cpu, ipu in zip(results["cpu"], results["ipu"]):
+        assert (ipu.shape, ipu.stride()) == (cpu.shape, cpu.stride())
+        assert_same(cpu, ipu)

@@ -72,6 +72,18 @@ Layout contiguousLayout(c10::ScalarType dtype, c10::IntArrayRef sizes) {
 void correctForCpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                    MetaResult& result) {
   const std::string& name = op.operator_name().name;
+  if (name == "aten::native_batch_norm" && op.operator_name().overload_name == "out" &&
+      !arguments[5].toBool()) {
+    // (input, weight, bias, running_mean, running_var, training, momentum,
+    //  eps, out, save_mean, save_invstd.) Out of training, the CPU kernel
+    // leaves the saved statistics as they are (their Meta kernel resizes
+    // them to 0 elements).
+    for (size_t i : {size_t{9}, size_t{10}}) {
+      result.written[i][0] = layoutOf(arguments[i].toTensor(), -1);
+      Layout& returned = result.returns[i - 8].tensors[0];
+      returned = layoutOf(arguments[i].toTensor(), returned.storage);
+    }
+  }
   if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
        name == "aten::_native_batch_norm_legit_no_training") &&
       (arguments[0].toTensor().scalar_type() == at::kHalf ||
