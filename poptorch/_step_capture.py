@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -133,6 +133,12 @@ class StepCapture:
         self.out_spec: Any = None
         self.device_outputs: List[torch.Tensor] = []
         self.variants = 0
+        # The accumulators that take a gradient in some variant of the step,
+        # and those the update was captured for (None before): as torch.optim
+        # skips a parameter whose .grad is None, the update leaves the others
+        # alone (no weight decay, no momentum).
+        self.received: Set[int] = set()
+        self.updated: Optional[Set[int]] = None
 
     def _swapped_tensors(self) -> Dict[str, torch.Tensor]:
         """The device tensors by name, each module attribute under one name: a module
@@ -195,12 +201,25 @@ class StepCapture:
 
     def update(self, scale: float) -> Any:
         """Captures the optimiser update from the accumulators; returns its program."""
+        self.updated = set(self.received)
+        received = {key: acc for key, acc in self.accumulators.items() if key in self.updated}
         with self._seeded(), _whole_step_capture(), outside_blocks():
-            self.optimizer.capture_update(self.accumulators, scale, accumulated=True)
+            self.optimizer.capture_update(received, scale, accumulated=True)
             with torch.no_grad():
                 for count in self.counts.values():
                     count.zero_()
             return _C.prepare_program()
+
+    def _note_received(self, gradients: Dict[int, torch.Tensor]) -> None:
+        new = gradients.keys() - self.received
+        if new and self.updated is not None:
+            names = [name for name, t in self._state.tensors.items() if id(t) in new]
+            raise Error(f"a new variant of the training step (captured again because a value "
+                        f"read on the host changed) gives gradients to {names}, which the "
+                        "variants before did not train: the update of the accumulated "
+                        "gradients was compiled without them. Make every branch of the model "
+                        "reach the same parameters, or use gradientAccumulation(1).")
+        self.received |= new
 
     @contextlib.contextmanager
     def _seeded(self) -> Iterator[None]:
@@ -247,6 +266,7 @@ class StepCapture:
                                "no weight")
             return
         if self.accumulators:
+            self._note_received(gradients)
             with torch.no_grad():
                 for key, g in gradients.items():
                     acc = self.accumulators[key]
