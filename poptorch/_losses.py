@@ -62,13 +62,20 @@ class LossRecorder:
         if len(self.module_losses) > 1:
             raise Error("the model computes several losses: combine them and mark the result "
                         "with poptorch.identity_loss(total, reduction='none')")
-        if any(isinstance(leaf, torch.Tensor) and leaf.dim() == 0 and leaf.is_floating_point()
-               for leaf in pytree.tree_leaves(outputs)):
-            raise Error("the model returns a scalar that does not require a gradient, so it "
-                        "cannot be the loss: it is computed from no trainable parameter "
-                        "(detached, computed under torch.no_grad(), or every parameter it "
-                        "uses has requires_grad=False); compute the loss from the model's "
-                        "outputs with autograd enabled")
+        scalars: List[torch.Tensor] = []
+        for leaf in pytree.tree_leaves(outputs):
+            if (isinstance(leaf, torch.Tensor) and leaf.dim() == 0 and leaf.is_floating_point()
+                    and all(leaf is not s for s in scalars)):
+                scalars.append(leaf)
+        if len(scalars) == 1:
+            # A loss that reaches no parameter that requires grad (a frozen
+            # model): the step runs its forward pass and updates nothing, as
+            # for a loss module or an identity_loss (see StepCapture).
+            return scalars[0]
+        if scalars:
+            raise Error(f"the model returns {len(scalars)} scalars and none requires a "
+                        "gradient, so none is the loss: mark the loss with "
+                        "poptorch.identity_loss(loss, reduction='none')")
         # PopTorch's words first
         raise Error("Couldn't find a loss in graph: trainingModel needs a loss: return it "
                     "from forward() (a scalar tensor computed from the outputs, e.g. with "

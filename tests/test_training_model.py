@@ -365,10 +365,27 @@ class ScalarWithoutGradient(torch.nn.Module):
 
 
 @pytest.mark.parametrize("how", ["detached", "no_grad", "frozen"])
-def test_a_returned_scalar_that_requires_no_gradient_is_named_as_such(how):
+def test_a_returned_scalar_that_requires_no_gradient_trains_as_its_forward_pass(how):
+    """As a loss module or identity_loss that reaches no trainable parameter
+    (PopTorch's frozen models): the step returns the CPU's loss and updates nothing."""
+    torch.manual_seed(0)
     model = ScalarWithoutGradient(how)
+    reference = copy.deepcopy(model)
+    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1,
+                                                              momentum=0.9, weight_decay=0.1))
+    for _ in range(2):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(ipu(x), reference(x))
+    ipu.copyWeightsToHost()
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, msg=name)
+
+
+def test_several_scalars_that_require_no_gradient_are_no_loss():
+    model = ScalarWithoutGradient("frozen")
+    model.forward = lambda x: (model.lin(x).sum(), model.lin(x).mean())
     ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
-    with pytest.raises(poptorch.Error, match="returns a scalar that does not require a gradient"):
+    with pytest.raises(poptorch.Error, match="returns 2 scalars and none requires a gradient"):
         ipu(torch.randn(2, 4))
 
 
