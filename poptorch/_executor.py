@@ -164,6 +164,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
                 self._copy_host_changes()
                 if self._device_optimizer is not None:
                     self._device_optimizer.follow_host_changes()
+                if self._step.warnings is not None:  # the capturing call gave them
+                    self._step.warnings.give()
         return self._run(leaves)
 
     @_locked

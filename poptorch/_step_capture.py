@@ -133,6 +133,10 @@ class StepCapture:
         self.out_spec: Any = None
         self.device_outputs: List[torch.Tensor] = []
         self.variants = 0
+        # The kernel warnings the first capture gave (TORCH_WARN's, not
+        # TORCH_WARN_ONCE's): each later call of the model gives them, as each
+        # call on the CPU does. None when there are none.
+        self.warnings: Optional[Any] = None
         # The accumulators that take a gradient in some variant of the step,
         # and those the update was captured for (None before): as torch.optim
         # skips a parameter whose .grad is None, the update leaves the others
@@ -192,6 +196,9 @@ class StepCapture:
             self._bind_outputs((outputs, self.anchors.values() if self.anchors else {}))
             del outputs
             program = _C.prepare_program()
+            warnings = _C.take_step_warnings()
+        if self.variants == 0:
+            self.warnings = warnings if len(warnings) else None
         # (op, block, stage, phase, ipu) of each node of the compiled step, and
         # the modelled peak of its temporaries on each IPU
         self.placements = program.placements()

@@ -131,3 +131,36 @@ def test_python_meta_warnings_outside_shape_inference_are_given():
         _resize_output_check(torch.zeros(2), (3,))
     assert len(caught) == 1 and "was resized" in str(caught[0].message)
     assert caught[0].filename == __file__
+
+
+_WRAPPED_MODEL_WARNINGS = """
+import warnings, torch, poptorch
+
+
+class WarnsInForward(torch.nn.Module):
+    # var of one row (no degrees of freedom: TORCH_WARN, at every call), and copy_ of complex
+    # values into a real tensor (TORCH_WARN_ONCE: once per process).
+    def forward(self, x):
+        real = torch.zeros(3, device=x.device)
+        real.copy_(torch.ones(3, dtype=torch.complex64, device=x.device))
+        return torch.var(x[:1], dim=0) + real.sum()
+
+
+model = WarnsInForward()
+run = model if "{device}" == "cpu" else poptorch.inferenceModel(model)
+x = torch.arange(6.0).reshape(2, 3)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        run(x)
+print(sorted(w.category.__name__ + ": " + str(w.message) for w in caught))
+"""
+
+
+def test_a_wrapped_model_gives_its_kernel_warnings_at_every_call():
+    """As the CPU model: a TORCH_WARN at each of its calls, a TORCH_WARN_ONCE once."""
+    cpu, ipu = (run_python(_WRAPPED_MODEL_WARNINGS.format(device=d)) for d in ("cpu", "ipu"))
+    assert cpu.returncode == 0 and ipu.returncode == 0, cpu.stderr + ipu.stderr
+    assert cpu.stdout.count("degrees of freedom") == 3
+    assert cpu.stdout.count("discards the imaginary part") == 1
+    assert ipu.stdout == cpu.stdout

@@ -299,7 +299,10 @@ std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& t
   auto lock = PendingGraph::get().lock();
   PendingGraph& pending = PendingGraph::get();
   // The CPU kernel's warnings, as it gives them at each call.
-  for (const c10::Warning& warning : meta.warnings) c10::warn(warning);
+  for (const c10::Warning& warning : meta.warnings) {
+    c10::warn(warning);
+    pending.noteWarning(warning);
+  }
   ir::Node node(op);
   node.guard = guard;
   node.deterministic = at::globalContext().deterministicAlgorithms();

@@ -7,11 +7,13 @@
 
 #include <ATen/core/Tensor.h>
 #include <absl/container/flat_hash_map.h>
+#include <c10/util/Exception.h>
 
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/graph.h"
@@ -72,6 +74,14 @@ class PendingGraph {
   // on copies of the buffers it would change, and the graph stays pending.
   std::vector<at::Tensor> evaluate(const std::vector<at::Tensor>& tensors);
 
+  // A step captured whole keeps the warnings its calls gave (the CPU
+  // kernels', capture/cpu_checks.h): each call of the model gives them again,
+  // as on the CPU, where its run gives none. takeWarnings() hands them over.
+  void noteWarning(const c10::Warning& warning) {
+    if (whole_step_capture_) warnings_.push_back(warning);
+  }
+  std::vector<c10::Warning> takeWarnings() { return std::exchange(warnings_, {}); }
+
   // Forgets every pending node (a capture that failed half-way).
   void discard();
 
@@ -100,6 +110,7 @@ class PendingGraph {
   // device computes while the host captures the rest.
   void streamPendingNodes();
 
+  std::vector<c10::Warning> warnings_;
   size_t max_nodes_;
   size_t stream_nodes_;
   const bool whole_step_capture_;

@@ -71,6 +71,24 @@ std::string pendingGraph() {
   return capture::PendingGraph::get().toString();
 }
 
+// The kernel warnings a step's calls gave while it was captured, which each
+// later call of the model gives again (see PendingGraph::noteWarning).
+struct StepWarnings {
+  std::vector<c10::Warning> warnings;
+
+  // As Python warnings of the calling thread, the way PyTorch's bindings turn
+  // a kernel's TORCH_WARN into one.
+  void give() const {
+    torch::PyWarningHandler handler;
+    for (const c10::Warning& warning : warnings) c10::warn(warning);
+  }
+};
+
+StepWarnings takeStepWarnings() {
+  auto lock = capture::PendingGraph::get().lock();
+  return StepWarnings{capture::PendingGraph::get().takeWarnings()};
+}
+
 std::shared_ptr<runtime::Program> prepareProgram() {
   auto lock = capture::PendingGraph::get().lock();
   return capture::PendingGraph::get().prepare(/*allow_empty=*/true);
@@ -473,6 +491,12 @@ PYBIND11_MODULE(_C, m) {
         "True while this thread captures the step of a trainingModel/inferenceModel.");
   m.def("end_step_capture", &capture::PendingGraph::endStepCapture,
         "Ends the step capture of this thread, discarding what was not prepared.");
+  py::class_<StepWarnings>(m, "StepWarnings",
+                           "The kernel warnings of a captured step, given again at each call.")
+      .def("__len__", [](const StepWarnings& w) { return w.warnings.size(); })
+      .def("give", &StepWarnings::give, "Gives them as Python warnings.");
+  m.def("take_step_warnings", &takeStepWarnings,
+        "The kernel warnings given while this thread captured its step, since the last take.");
   m.def("prepare_program", &prepareProgram,
         "Takes the pending graph as a Program without running it (maybe empty).");
   py::class_<runtime::StepVariants, std::shared_ptr<runtime::StepVariants>>(
