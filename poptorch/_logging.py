@@ -79,4 +79,16 @@ def setLogLevel(level: Union[str, int]) -> None:
     logger.setLevel(_LEVELS[name])
 
 
-setLogLevel(os.environ.get("POPTORCH_LOG_LEVEL", "INFO"))
+def _level_from_environment() -> None:
+    """POPTORCH_LOG_LEVEL's level; a value that is none is said, and INFO used, so that
+    a typo in the environment does not stop ``import poptorch`` (PopTorch ignored it)."""
+    value = os.environ.get("POPTORCH_LOG_LEVEL", "INFO")
+    try:
+        setLogLevel(value)
+    except ValueError as error:
+        setLogLevel("INFO")
+        logger.warning("POPTORCH_LOG_LEVEL=%s is not a log level (%s); logging at INFO",
+                       value, error)
+
+
+_level_from_environment()

@@ -28,6 +28,15 @@ def test_set_log_level_rejects_unknown_levels():
     poptorch.setLogLevel("INFO")
 
 
+def test_an_unknown_level_in_the_environment_is_said_and_info_used():
+    # It stopped `import poptorch` with a ValueError that did not name the variable.
+    result = run_python(FALLBACK, env={"POPTORCH_LOG_LEVEL": "junk"})
+    assert result.returncode == 0, result.stderr
+    assert "POPTORCH_LOG_LEVEL=junk is not a log level (unknown log level 'junk': use one of " \
+        "OFF, ERR, WARN, INFO" in result.stderr
+    assert "ran on the host" in result.stderr  # INFO shows warnings
+
+
 def test_max_repeat_logs_limits_each_message():
     code = ("import poptorch\n"
             "from poptorch._logging import logger\n"
