@@ -11,6 +11,7 @@ import argparse
 import random
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Dict
 
@@ -59,10 +60,13 @@ def main() -> int:
             print(f"MISMATCH ({report}):\n{e}\n", flush=True)
         except Exception as e:  # pylint: disable=broad-except
             # A failure of the fuzzer itself, or an ipu error it did not expect.
+            # After shrinking, `current` holds the smallest program that raised.
             kind = f"error-{type(e).__name__}"
             found[kind] = found.get(kind, 0) + 1
-            (args.reports / f"{kind}.txt").write_text(f"batch seed {batch_seed}\n{e!r}\n")
-            print(f"ERROR: {e!r}", flush=True)
+            report = (f"batch seed {batch_seed}\n{traceback.format_exc()}\n"
+                      f"the program:\n{current.read_text() if current.exists() else '?'}\n")
+            (args.reports / f"{kind}.txt").write_text(report)
+            print(f"ERROR: {e!r}\n{report}", flush=True)
         batch_seed += 1
     current.unlink(missing_ok=True)
     print(stats.summary())
