@@ -267,3 +267,16 @@ def test_an_empty_index_of_index_fill_is_not_cast_to_the_default_dtype():
         t.index_fill_(0, torch.zeros((0,), dtype=torch.int64, device=dev), 0.0)
         results.append(t.cpu())
     assert_same(results[0], results[1].to("ipu"))
+
+
+def test_the_checker_replays_a_program_whose_out_tensor_the_values_left_undefined():
+    # The long run's checker failed with its own KeyError('t4') (batch seed 92604020):
+    # replayed with other values, nonzero gave a row, t3.view((0,)) raised, and the out=
+    # line's bookkeeping looked t4 up.
+    from fuzz import check_program
+    from fuzz.program import InputSpec, Program, Step
+    scalar = InputSpec(shape=(), dtype=torch.float32, requires_grad=False, special=False)
+    mask = InputSpec(shape=(1,), dtype=torch.bool, requires_grad=False, special=False)
+    check_program(Program(inputs=(scalar, scalar, mask),
+                          steps=(Step(op="dynamic_shape", choices=0), Step(op="view", choices=0),
+                                 Step(op="out", choices=0)), seed=0))

@@ -173,8 +173,9 @@ class Run:
         dtype: PyTorch's deprecated resize of a tensor of the wrong shape), so after a refused
         call its shape, and its storage's size that its views show, are an accident of the
         kernel; the ipu checks first. The tensors on that storage are no longer compared
-        nor used."""
-        storages = {self.ns[name].untyped_storage()._cdata for name in names}
+        nor used. A name this replay never defined (its line raised: a shape the values
+        decide, as nonzero's) has no storage."""
+        storages = {self.ns[name].untyped_storage()._cdata for name in names if name in self.ns}
         self.tensors = [name for name in self.tensors
                         if self.ns[name].untyped_storage()._cdata not in storages]
 
