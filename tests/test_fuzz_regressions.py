@@ -280,3 +280,24 @@ def test_the_checker_replays_a_program_whose_out_tensor_the_values_left_undefine
     check_program(Program(inputs=(scalar, scalar, mask),
                           steps=(Step(op="dynamic_shape", choices=0), Step(op="view", choices=0),
                                  Step(op="out", choices=0)), seed=0))
+
+
+@pytest.mark.parametrize("op", [torch.sgn, torch.sign, torch.abs])
+def test_a_zero_gradient_summed_with_another_is_on_the_ipu(op):
+    # sgn's backward gives PyTorch's storage-less ZeroTensor (_efficientzerotensor); made by
+    # the CPU kernel for the ipu, autograd's sum of it with x's other gradient read it as a
+    # host tensor, and x.grad raised a mixed-device error.
+    grads = []
+    for dev in DEVICES:
+        x = torch.tensor([0.5, -1.0, 0.0], device=dev, requires_grad=True)
+        (x + op(x)).sum().backward()
+        grads.append(x.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
+def test_efficientzerotensor_on_the_ipu_is_zeros():
+    for dtype in (torch.float32, torch.float16, torch.int64):
+        z = torch._efficientzerotensor((2, 3), device="ipu", dtype=dtype)
+        assert (z.device.type, z.dtype, z.shape) == ("ipu", dtype, torch.Size([2, 3]))
+        assert_same(torch.zeros(2, 3, dtype=dtype), (z + torch.zeros(2, 3, dtype=dtype,
+                                                                      device="ipu")))

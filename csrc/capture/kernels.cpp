@@ -397,6 +397,16 @@ at::Tensor groupNorm(const at::Tensor& input, int64_t num_groups,
                                            input.size(1), hxw, num_groups, eps));
 }
 
+// PyTorch's ZeroTensor has no storage, so a graph cannot hold it as an input:
+// the CPU kernel run for the ipu made one the next op read as a host tensor
+// (autograd adding sgn's zero gradient to another failed). The ipu's is a
+// materialised zero tensor, equal in value; ZeroTensor only saves memory.
+at::Tensor efficientZeroTensor(c10::SymIntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin_memory) {
+  return at::zeros_symint(size, dtype, layout, device, pin_memory);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, IPU, m) {
@@ -424,6 +434,7 @@ TORCH_LIBRARY_IMPL(aten, IPU, m) {
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(hasCompatibleShallowCopyType));
   m.impl("group_norm", TORCH_FN(groupNorm));
   m.impl("record_stream", TORCH_FN(recordStream));
+  m.impl("_efficientzerotensor", TORCH_FN(efficientZeroTensor));
 }
 
 // Host tensors copied to the ipu keep their layout too (see preservedStrides).
