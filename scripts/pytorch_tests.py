@@ -25,7 +25,9 @@ from typing import Dict, List, Tuple
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.MULTILINE)
+# A verbose line: "file.py::test[param] PASSED  [ 50%]"; a parametrised id may hold
+# spaces, so the id runs to the first outcome word after it.
+OUTCOME = re.compile(r"^(\S+::.+?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.MULTILINE)
 INTERRUPT_GRACE_SECONDS = 120
 
 

@@ -27,7 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pytorch_tests import outcomes  # noqa: E402  (the same verbose-log parsing)
 
 ROOT = Path(__file__).resolve().parent.parent
-SUMMARY = re.compile(r"^(?:FAILED|ERROR) (\S+::\S+)(?: - (.*))?$", re.MULTILINE)
+# pytest's short summary: "FAILED file.py::test[param] - error". A parametrised
+# id may hold spaces ("[expected_str:Unknown .* option .*]"): the id is the name
+# and its brackets, up to the " - " or the line's end that follows them.
+SUMMARY = re.compile(r"^(?:FAILED|ERROR) (\S+::[^\s\[]+(?:\[.*?\])?)(?: - (.*))?$",
+                     re.MULTILINE)
 # pytest's closing line: "=== 8 failed, 36 passed, 26 skipped, 5 warnings in 136.53s ==="
 CLOSING = re.compile(r"^=+ (.*) in [\d.]+s", re.MULTILINE)
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
@@ -40,6 +44,11 @@ def _env(poptorch_root: Path) -> Dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(poptorch_root), env.get("PYTHONPATH")]))
     env["COLUMNS"] = "1000"  # pytest's short summary keeps the whole error line
     return env
+
+
+def failures(log_text: str) -> List[Tuple[str, str]]:
+    """(test id, error line) of each failure in pytest's short summary."""
+    return [(m.group(1), m.group(2) or "") for m in SUMMARY.finditer(log_text)]
 
 
 def run_test_file(directory: Path, logs: Path, name: str, poptorch_root: Path,
@@ -64,8 +73,8 @@ def run_test_file(directory: Path, logs: Path, name: str, poptorch_root: Path,
         for result in outcomes(log).values():
             counts["PASSED" if result in ("PASSED", "XFAIL") else
                    "SKIPPED" if result == "SKIPPED" else "FAILED"] += 1
-    failures = "".join(f"{m.group(1)}\t{m.group(2) or ''}\n" for m in SUMMARY.finditer(text))
-    (logs / f"{name}.failures.txt").write_text(failures)
+    (logs / f"{name}.failures.txt").write_text(
+        "".join(f"{test}\t{error}\n" for test, error in failures(text)))
     return counts, finished
 
 

@@ -181,13 +181,37 @@ def test_the_plugin_option_limits_the_devices(suite):
     assert "unknown device(s) ['gpu']" in bad.stderr.str()
 
 
-def test_the_pass_rate_script_reruns_an_ipu_test_as_its_cpu_twin():
+def _script(name):
     import importlib.util
-    spec = importlib.util.spec_from_file_location("pytorch_tests",
-                                                  ROOT / "scripts" / "pytorch_tests.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_the_pass_rate_script_reruns_an_ipu_test_as_its_cpu_twin():
+    script = _script("pytorch_tests")
     assert (script.cpu_twin("test_x.py::TestFooIPU::test_bar_ipu_float32")
             == "test_x.py::TestFooCPU::test_bar_cpu_float32")
     assert script.cpu_twin("t.py::NumpyTestsIPU::test_ipu_like_ipu") == \
         "t.py::NumpyTestsCPU::test_ipu_like_cpu"
+
+
+def test_the_upstream_script_reads_test_ids_with_spaces(tmp_path):
+    # Parametrised strings put spaces (and " - ", brackets) in pytest's test ids.
+    spaced = "o.py::test_invalid[key:a-expected_str:(Unknown .* option .*|x - y)]"
+    text = (f"{spaced} FAILED [ 50%]\n"
+            "o.py::test_plain PASSED [100%]\n"
+            "=== short test summary info ===\n"
+            f"FAILED {spaced} - AttributeError: upstream-internal _validateOptions\n"
+            "FAILED o.py::test_other[a b] - assert 1 == 2\n"
+            "ERROR o.py::test_setup\n")
+    assert _script("upstream_tests").failures(text) == [
+        (spaced, "AttributeError: upstream-internal _validateOptions"),
+        ("o.py::test_other[a b]", "assert 1 == 2"),
+        ("o.py::test_setup", ""),
+    ]
+    log = tmp_path / "o.log"
+    log.write_text(text)
+    assert _script("pytorch_tests").outcomes(log) == {spaced: "FAILED",
+                                                      "o.py::test_plain": "PASSED"}
