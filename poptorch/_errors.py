@@ -35,6 +35,13 @@ class AssertionCompatibleError(Error, AssertionError):
     written for PopTorch that catches ``AssertionError`` still catches it."""
 
 
+class ValueCompatibleError(Error, ValueError):
+    """Bad input that PopTorch reports with a ``ValueError`` (an optimiser
+    ``setOptimizer`` cannot apply to the compiled model): a ``poptorch.Error``
+    that is also a ``ValueError``, so code written for PopTorch that catches
+    ``ValueError`` still catches it."""
+
+
 class RecoverableError(Error):
     """A transient runtime error; ``recovery_action`` says how to recover:
     ``IPU_RESET``, ``PARTITION_RESET`` or ``FULL_RESET``."""

@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._errors import Error
+from ._errors import ValueCompatibleError
 from .enums import MeanReductionStrategy, OutputMode, ReductionType
 from .options import Options
 
@@ -54,11 +54,13 @@ def check_compiled_strategy(options: Options, optimizer: torch.optim.Optimizer) 
     their strategy, so an optimiser that needs another one is refused."""
     strategy = options.Training.mean_reduction_strategy
     if needs_running_mean(optimizer) and strategy != MeanReductionStrategy.Running:
-        raise Error("setOptimizer: the new optimiser's float16 accumulators (accum_type) need "
-                    "Training.meanAccumulationAndReplicationReductionStrategy "
-                    "MeanReductionStrategy.Running, but the model was compiled with "
-                    f"MeanReductionStrategy.{strategy.name}: wrap the model again with the "
-                    "new optimiser")
+        # PopTorch's words first ("... is already compiled"), as a ValueError.
+        raise ValueCompatibleError(
+            "setOptimizer: the model is already compiled with "
+            f"Training.meanAccumulationAndReplicationReductionStrategy "
+            f"MeanReductionStrategy.{strategy.name}, but the new optimiser's float16 "
+            "accumulators (accum_type) need MeanReductionStrategy.Running: wrap the model "
+            "again with the new optimiser")
 
 
 class MeanFactors(NamedTuple):

@@ -115,6 +115,9 @@ def test_set_optimizer_and_the_strategy():
 
     compiled = poptorch.trainingModel(_Regression(), poptorch.Options())
     compiled(torch.randn(2, 4), torch.randn(2, 2))
-    with pytest.raises(poptorch.Error, match="MeanReductionStrategy.Running"):
+    # A poptorch.Error that is also the ValueError PopTorch raises, in its words first.
+    with pytest.raises(ValueError, match="is already compiled .* need MeanReductionStrategy.Running"
+                       ) as raised:
         compiled.setOptimizer(poptorch.optim.SGD(compiled.model.parameters(), lr=0.1,
                                                  accum_type=torch.float16))
+    assert isinstance(raised.value, poptorch.Error)
