@@ -42,6 +42,12 @@ class ValueCompatibleError(Error, ValueError):
     ``ValueError`` still catches it."""
 
 
+class TypeCompatibleError(Error, TypeError):
+    """A call of a wrapped model whose arguments do not fit its ``forward``:
+    PopTorch raises ``poptorch.Error``, the CPU model Python's ``TypeError``;
+    this is both, so code written for either catches it."""
+
+
 class RecoverableError(Error):
     """A transient runtime error; ``recovery_action`` says how to recover:
     ``IPU_RESET``, ``PARTITION_RESET`` or ``FULL_RESET``."""

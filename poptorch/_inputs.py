@@ -10,13 +10,14 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 import torch
 import torch.utils._pytree as pytree
 
-from ._errors import Error
+from ._errors import Error, TypeCompatibleError
 
 _PARSERS: Dict[type, "ICustomArgParser"] = {}
 
@@ -144,11 +145,17 @@ def bind(forward: Callable[..., Any], args: Tuple[Any, ...],
     """The call in the canonical form of ``forward``'s signature, defaults
     filled in, as PopTorch matches inputs: ``model(x)`` and ``model(x, y=d)``
     (``d`` the default of ``y``) are calls of one compiled step. Arguments that
-    do not fit the signature raise the TypeError that calling it would."""
+    do not fit the signature raise the TypeError that calling it would, as a
+    poptorch.Error too (PopTorch's words first for a missing argument)."""
     signature = _signature(forward)
     if signature is None:  # no Python signature: take the call as it is
         return args, kwargs
-    bound = signature.bind(*args, **kwargs)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as error:
+        missing = re.fullmatch(r"missing a required argument: '(\w+)'", str(error))
+        prefix = f"Mandatory parameter {missing.group(1)} missing: " if missing else ""
+        raise TypeCompatibleError(prefix + str(error)) from None
     bound.apply_defaults()
     return tuple(bound.args), dict(bound.kwargs)
 

@@ -55,9 +55,15 @@ def test_var_positional_and_keyword_arguments():
 
 
 def test_a_call_that_does_not_fit_the_signature_raises_the_cpu_type_error():
+    # The CPU model's TypeError, which is also PopTorch's poptorch.Error (its words first).
     inference = poptorch.inferenceModel(Many())
-    with pytest.raises(TypeError, match="missing a required argument: 'b'"):
+    with pytest.raises(TypeError, match="^Mandatory parameter b missing: "
+                       "missing a required argument: 'b'$") as raised:
         inference(2)
+    assert isinstance(raised.value, poptorch.Error)
+    with pytest.raises(TypeError, match="^got an unexpected keyword argument 'u'$") as raised:
+        poptorch.inferenceModel(Optional())(torch.ones(1), torch.ones(1), u=1)
+    assert isinstance(raised.value, poptorch.Error)
 
 
 @pytest.mark.parametrize("model", [Many, Forwarding])
