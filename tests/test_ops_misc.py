@@ -124,10 +124,14 @@ def test_multiconv_computes_the_plain_convolutions():
 def test_multiconv_errors():
     with pytest.raises(poptorch.Error, match="in \\[0, 1\\)"):
         poptorch.MultiConv().availableMemoryProportions(1.5)
-    with pytest.raises(poptorch.Error, match="partials"):
-        poptorch.MultiConv().partialsTypes(torch.int32)
-    with pytest.raises(poptorch.Error, match="plan type"):
+    # PopTorch's error types (both are poptorch.Error too) and words first.
+    for bad in (torch.int32, "half", [torch.float, torch.int8], []):
+        with pytest.raises(ValueError, match="^Invalid partials types") as raised:
+            poptorch.MultiConv().partialsTypes(bad)
+        assert isinstance(raised.value, poptorch.Error)
+    with pytest.raises(AssertionError, match="^Invalid plan type") as raised:
         poptorch.MultiConv().planType("parallel")
+    assert isinstance(raised.value, poptorch.Error)
     model = TwoConvs(poptorch.MultiConv().availableMemoryProportions([0.1, 0.2, 0.3]))
     with pytest.raises(poptorch.Error, match="3 values for 2 convolutions"):
         model(torch.randn(1, 2, 6, 6))

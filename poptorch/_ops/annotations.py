@@ -14,7 +14,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import _C
-from .._errors import Error
+from .._errors import AssertionCompatibleError, Error, ValueCompatibleError
 from .._logging import logger
 from .._losses import isRunningOnIpu
 from ..enums import MatMulSerializationMode, MultiConvPlanType, OverlapMode
@@ -206,20 +206,25 @@ class MultiConv:
         return self._set("availableMemoryProportions", values)
 
     def partialsTypes(self, value: Union[torch.dtype, List[torch.dtype]]) -> "MultiConv":
-        """The type of partial sums (``torch.float`` or ``torch.half``)."""
-        values = _per_conv("partials type", value, torch.dtype)
-        if values and not all(v in (torch.float32, torch.float16) for v in values):
-            raise Error("MultiConv: invalid partials types: expecting torch.float or torch.half")
-        return self._set("partialsTypes", values)
+        """The type of partial sums (``torch.float`` or ``torch.half``); another
+        value is a ``ValueError`` (also a ``poptorch.Error``), as in PopTorch."""
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        if not values or not all(v in (torch.float32, torch.float16) for v in values):
+            raise ValueCompatibleError(f"Invalid partials types: {value!r}. MultiConv "
+                                       "partials types are torch.float or torch.half")
+        return self._set("partialsTypes", tuple(values))
 
     def enableConvDithering(self, value: Union[bool, List[bool]]) -> "MultiConv":
         """Per-convolution dithering of tile placement."""
         return self._set("enableConvDithering", _per_conv("dithering", value, bool))
 
     def planType(self, value: Optional[MultiConvPlanType]) -> "MultiConv":
-        """``MultiConvPlanType.Parallel`` or ``Serial``."""
+        """``MultiConvPlanType.Parallel`` or ``Serial``; another value is an
+        ``AssertionError`` (also a ``poptorch.Error``), as in PopTorch."""
         if value is not None and not isinstance(value, MultiConvPlanType):
-            raise Error(f"MultiConv: invalid plan type {value!r}")
+            raise AssertionCompatibleError(f"Invalid plan type: {value!r}. MultiConv plan "
+                                           "types are poptorch.MultiConvPlanType.Parallel "
+                                           "or Serial")
         return self._set("planType", value)
 
     def perConvReservedTiles(self, value: int) -> "MultiConv":
