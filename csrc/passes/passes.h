@@ -28,6 +28,14 @@ ir::Graph fuseMatmulBias(ir::Graph graph);
 // runs on the product while it is in cache, and the product's temporary goes.
 ir::Graph fuseMatmulActivations(ir::Graph graph);
 
+// Removes a copy_ into a temporary (what .contiguous() and reshape record)
+// whose readers can read its source instead: each reads the same elements
+// through a view of the source's buffer, composed from its view of the copy.
+// Only when nothing writes the source until the last reader has run, and each
+// view of the copy steps along single dimensions of it (a transposed or sliced
+// view of a permuted source qualifies; a flattening of it does not).
+ir::Graph forwardCopies(ir::Graph graph);
+
 // Chooses the layout of each 2-D convolution's tensors (forward and
 // backward): channels-last, which oneDNN runs faster than NCHW, where that is
 // safe, NCHW otherwise. The runtime then keeps the temporaries that follow a
