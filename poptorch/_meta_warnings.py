@@ -8,6 +8,11 @@ for another device. The user gets the CPU kernel's own warnings at the call inst
 thread, and a filter cannot (the user's filters come first), so the modules that hold those
 kernels see a ``warnings`` module of their own, which drops a warning while the calling thread
 infers shapes (``_C.inferring_shapes()``) and passes every other one on unchanged.
+
+The C++ warnings of the ops such a kernel calls (``torch.empty_strided`` of a complex32 Meta
+tensor warns "ComplexHalf support is experimental") reach Python through the binding of that
+op, which gives them to ``warnings`` itself, past any module's name: ``warnings._showwarnmsg``,
+which shows every warning that its filters let through, drops them likewise.
 """
 from __future__ import annotations
 
@@ -40,7 +45,16 @@ class _QuietWhileInferring(types.ModuleType):
         warnings.warn(message, category, stacklevel + 1, source)
 
 
+def _show_unless_inferring(show: Any) -> Any:
+    def show_warning(message: warnings.WarningMessage) -> None:
+        if not _C.inferring_shapes():
+            show(message)
+
+    return show_warning
+
+
 def install() -> None:
+    warnings._showwarnmsg = _show_unless_inferring(warnings._showwarnmsg)  # type: ignore[attr-defined]
     quiet = _QuietWhileInferring()
     for name in _MODULES:
         module = importlib.import_module(name)

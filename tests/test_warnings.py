@@ -164,3 +164,52 @@ def test_a_wrapped_model_gives_its_kernel_warnings_at_every_call():
     assert cpu.stdout.count("degrees of freedom") == 3
     assert cpu.stdout.count("discards the imaginary part") == 1
     assert ipu.stdout == cpu.stdout
+
+
+_COMPLEX32_FACTORIES = {
+    "empty": lambda d: torch.empty(3, dtype=torch.chalf, device=d),
+    "empty_strided": lambda d: torch.empty_strided((2, 3), (1, 2), dtype=torch.chalf, device=d),
+    "zeros": lambda d: torch.zeros(3, dtype=torch.chalf, device=d),
+    "ones": lambda d: torch.ones(3, dtype=torch.chalf, device=d),
+    "full": lambda d: torch.full((3,), 2.0, dtype=torch.chalf, device=d),
+    "randn": lambda d: torch.randn(3, dtype=torch.chalf, device=d),
+    "zeros_like": lambda d: torch.zeros_like(torch.ones(3, device=d), dtype=torch.chalf),
+    "to": lambda d: torch.ones(2, 3, device=d).t().to(torch.chalf),
+    # Their Python Meta kernels allocate complex32 Meta tensors, which warns too: the capture's
+    # shape inference gave those warnings as well, at its first call of a signature.
+    "rand": lambda d: torch.rand(3, dtype=torch.chalf, device=d),
+    "add": lambda d: torch.zeros(3, dtype=torch.chalf, device=d) + 1,
+}
+
+
+@pytest.mark.parametrize("name", _COMPLEX32_FACTORIES)
+def test_a_complex32_factory_warns_as_the_cpu_allocator(name):
+    """The CPU's allocator warns 'ComplexHalf support is experimental' when it makes a complex32
+    tensor; the ipu's factories, which do not go through it, warned nothing (PyTorch's
+    test_torch test_complex_half_experimental_warning). Each call warns as many times as on the
+    CPU, the first too."""
+    factory = _COMPLEX32_FACTORIES[name]
+    torch.set_warn_always(True)
+    try:
+        calls = {d: _record(lambda: [factory(d) for _ in range(2)]) for d in ("cpu", "ipu")}
+    finally:
+        torch.set_warn_always(False)
+    assert len(calls["cpu"]) >= 2 and "ComplexHalf support is experimental" in calls["cpu"][0][1]
+    assert calls["ipu"] == calls["cpu"]
+
+
+_COMPLEX32_ONCE = """
+import warnings, torch, poptorch
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for _ in range(3):
+        torch.zeros(3, dtype=torch.chalf, device="{device}")
+print([str(w.message) for w in caught])
+"""
+
+
+def test_the_complex32_warning_is_given_once_per_process_as_on_the_cpu():
+    cpu, ipu = (run_python(_COMPLEX32_ONCE.format(device=d)) for d in ("cpu", "ipu"))
+    assert cpu.returncode == 0 and ipu.returncode == 0, cpu.stderr + ipu.stderr
+    assert cpu.stdout.count("ComplexHalf support is experimental") == 1
+    assert ipu.stdout == cpu.stdout

@@ -84,11 +84,22 @@ at::Tensor filledIfDeterministic(at::Tensor tensor) {
   return tensor;
 }
 
+// The CPU's allocator warns when it makes a complex32 tensor
+// (at::detail::empty_generic: "ComplexHalf support is experimental", once per
+// process unless torch.set_warn_always). The ipu's factories do not go
+// through it, so they have it warn: an empty Meta tensor allocates nothing,
+// and shares the CPU's once-per-process flag, which a Meta kernel run to infer
+// shapes may have used already.
+void warnIfComplexHalf(c10::ScalarType dtype) {
+  if (dtype == c10::kComplexHalf) at::detail::empty_meta({0}, dtype);
+}
+
 at::Tensor empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                  std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                  std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
   checkStrided(layout);
   at::detail::check_size_nonnegative(size);
+  warnIfComplexHalf(dtypeOf(dtype));
   const auto format = memory_format.value_or(c10::MemoryFormat::Contiguous);
   return filledIfDeterministic(device::emptyIpuTensor(size, stridesFor(size, format),
                                                       dtypeOf(dtype), deviceIndexOf(device)));
@@ -99,6 +110,7 @@ at::Tensor emptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride,
                         std::optional<c10::Device> device, std::optional<bool>) {
   checkStrided(layout);
   at::detail::check_size_nonnegative(size);
+  warnIfComplexHalf(dtypeOf(dtype));
   return filledIfDeterministic(
       device::emptyIpuTensor(size, stride, dtypeOf(dtype), deviceIndexOf(device)));
 }
