@@ -199,6 +199,21 @@ def _register_backend(registry: ModuleType) -> None:
     registry.register_backend(compiler_fn=ipu, name="ipu")
 
 
+def _skip_capture_callbacks(eval_frame: ModuleType) -> None:
+    # Lazy capture asks Python (poptorch._fake_cpu) for the results of some ops.
+    # Between compiled graphs (a graph break, loss.backward()) dynamo's frame
+    # hook is still on, so it traced those functions as user code: seconds of
+    # tracing, graph breaks at FakeTensor and guards at every later call. They
+    # and what they call are poptorch's and torch's, never the user's.
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    from . import _fake_cpu
+
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    for function in (_fake_cpu.fake, _fake_cpu.run):
+        eval_frame.set_code_exec_strategy(function.__code__, skip)
+
+
 def _refuse_in_inductor(codegen: ModuleType) -> None:
     # Inductor's way for a device to take part (a scheduling, wrapper codegen
     # and a pass over graphs on the device); the pass runs before any code is
@@ -252,7 +267,9 @@ def _when_imported(name: str, action: Callable[[ModuleType], None]) -> None:
 
 
 def install() -> None:
-    """Registers the backend "ipu" with dynamo, and inductor's refusal of ipu
-    graphs, each when its module is imported."""
+    """Registers the backend "ipu" with dynamo (and keeps dynamo out of
+    capture's own Python), and inductor's refusal of ipu graphs, each when its
+    module is imported."""
     _when_imported("torch._dynamo.backends.registry", _register_backend)
+    _when_imported("torch._dynamo.eval_frame", _skip_capture_callbacks)
     _when_imported("torch._inductor.codegen.common", _refuse_in_inductor)
