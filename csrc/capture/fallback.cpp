@@ -15,6 +15,7 @@
 #include "capture/pending_graph.h"
 #include "capture/placement.h"
 #include "capture/step_capture.h"
+#include "common/denormal_mode.h"
 #include "common/ivalue_tensors.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -307,6 +308,7 @@ std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& t
   node.guard = guard;
   node.deterministic = at::globalContext().deterministicAlgorithms();
   node.deterministic_warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();
+  node.denormal_mode = denormalMode();
   node.warnings_at_call = meta.warnings_at_call;
   node.scope = profiling::currentScope();
   if (traits.pointwise) {

@@ -7,6 +7,7 @@
 
 #include "capture/pending_graph.h"
 #include "capture/step_capture.h"
+#include "common/denormal_mode.h"
 #include "common/metrics.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
@@ -205,7 +206,11 @@ std::vector<at::Tensor> GraphReplay::runVariant(const Variant& variant,
       storages[f.buffer] = fresh.back();
     }
   }
-  variant.program->rebound(std::move(storages))->run(variant.random ? drawSeedSalt() : 0);
+  {
+    // The CPU computes each call of the compiled function in the denormal mode of that call.
+    const DenormalModeOfCall of_call(denormalMode());
+    variant.program->rebound(std::move(storages))->run(variant.random ? drawSeedSalt() : 0);
+  }
   for (const auto& [input, copy] : copied)
     runtime::hostAlias(input).copy_(runtime::hostAlias(copy));
   Metrics::get().dynamoReplay();

@@ -80,6 +80,9 @@ uint64_t structuralHash(const Graph& graph) {
     h = hashCombine(h, hashString(name.name));
     h = hashCombine(h, hashString(name.overload_name));
     h = hashCombine(h, static_cast<uint64_t>(node.guard));
+    // Passes merge and fuse nodes of one denormal mode only: an executable of
+    // one graph must not serve another whose nodes' modes differ.
+    h = hashCombine(h, node.denormal_mode);
     // Blocks decide where a node runs and whose memory it takes.
     const Placement& at = node.placement;
     for (int32_t v : {at.block, at.stage, at.phase, at.ipu}) h = hashCombine(h, v + 2);

@@ -17,7 +17,8 @@ struct VersionedInputs {
 };
 
 bool argsEqual(const ir::Node& a, const ir::Node& b) {
-  if (a.args.size() != b.args.size()) return false;
+  // Calls in other denormal modes compute other values from the same inputs.
+  if (a.args.size() != b.args.size() || a.denormal_mode != b.denormal_mode) return false;
   for (size_t i = 0; i < a.args.size(); ++i) {
     const ir::Arg& x = a.args[i];
     const ir::Arg& y = b.args[i];

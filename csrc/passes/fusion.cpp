@@ -46,7 +46,8 @@ std::optional<ir::Node> biasedProduct(const ir::Node& mm, const ir::Node& add,
   const ir::TensorRef* self = tensorArg(add, 0);
   const ir::TensorRef* bias = tensorArg(add, 1);
   if (!is(add, "aten::add_", "Tensor") || add.guard != ir::Guard::kNone || add.args.size() != 3 ||
-      self == nullptr || bias == nullptr || add.args[2].kind != ir::ArgKind::kRuntime ||
+      add.denormal_mode != mm.denormal_mode || self == nullptr || bias == nullptr ||
+      add.args[2].kind != ir::ArgKind::kRuntime ||
       add.writes != std::vector<ir::BufferId>{product.buffer} || self->buffer != product.buffer ||
       !self->coversWhole(nbytes) || self->sizes.empty() || self->sizes.back() != product.sizes[1] ||
       bias->buffer == product.buffer || bias->dtype != product.dtype || bias->sizes.size() != 1 ||
@@ -130,7 +131,9 @@ ir::Graph fuseMatmulActivations(ir::Graph graph) {
       continue;
     }
     const ir::Node& relu = graph.nodes[r];
+    // The fused kernel computes in the product's denormal mode.
     if (!is(relu, "aten::relu") || relu.outputs.size() != 1 ||
+        relu.denormal_mode != node.denormal_mode ||
         !relu.inputs[0].coversWhole(product_buffer.nbytes)) {
       continue;
     }

@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "common/default_generator.h"
+#include "common/denormal_mode.h"
 #include "common/ivalue_tensors.h"
 #include "common/kernel_warnings.h"
 #include "device/ipu_device.h"
@@ -114,6 +115,7 @@ class Run {
         channels_last_(exe.program.buffers.size(), 0),
         failed_(exe.program.buffers.size()),
         seed_salt_(seed_salt),
+        denormal_mode_of_call_(DenormalModeOfCall::current()),
         arena_(ArenaPool::get().acquire(exe.arena_bytes)) {
     // The caller keeps the ipu storages alive while the run lasts: the host
     // views borrow their bytes without taking references.
@@ -229,6 +231,7 @@ class Run {
     if (out_variant) stack.push_back(output(node.outputs[0]));
     const c10::OperatorHandle& op = out_variant ? *out_variant : node.op;
     const DeterministicAlgorithmsAsCalled deterministic(source);
+    const DenormalModeAs denormals(denormal_mode_of_call_.value_or(source.denormal_mode));
     std::optional<WarningsDiscarded> given_at_call;
     if (source.warnings_at_call) given_at_call.emplace();
     noteWritten(node, op, f);
@@ -516,6 +519,8 @@ class Run {
   std::exception_ptr first_error_;  // of the earliest node in program order that failed
   size_t first_error_node_ = 0;
   uint64_t seed_salt_;
+  // A wrapped model's replay computes in the denormal mode of its call.
+  std::optional<uint32_t> denormal_mode_of_call_;
   ArenaPool::Lease arena_;
 };
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/denormal_mode.h"
 #include "profiling/profiler.h"
 #include "runtime/step_runner.h"
 
@@ -157,7 +158,7 @@ void PipelineScheduler::run(int64_t first, int64_t count, uint64_t seed, const M
   std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    call_ = Call{first, count, seed, &io, timeline};
+    call_ = Call{first, count, seed, &io, timeline, denormalMode()};
     std::fill(done_.begin(), done_.end(), 0);
     call_start_ns_ = profiling::now();
     ended_.assign(stages_.size(), std::vector<int64_t>(static_cast<size_t>(count), 0));
@@ -241,6 +242,7 @@ std::exception_ptr PipelineScheduler::runStage(size_t s, int64_t i, int64_t read
     if (s == 0) {
       slot.program->checkTemporaryMemory();
       call_.io->load(k, slot.inputs);
+      const DenormalModeOfCall of_call(call_.denormal_mode);
       slot.run.emplace(slot.program->stagedRun(call_.seed + static_cast<uint64_t>(k) + 1));
       slot.seconds = 0;
     }

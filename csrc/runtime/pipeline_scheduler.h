@@ -87,6 +87,7 @@ class PipelineScheduler {
     uint64_t seed = 0;
     const MicroBatchIo* io = nullptr;
     StepTimeline* timeline = nullptr;
+    uint32_t denormal_mode = 0;  // of the calling thread (common/denormal_mode.h)
   };
 
   PipelineScheduler(const Program& micro_step, std::vector<compiler::PipelineStage> stages,

@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 
+#include "common/denormal_mode.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "profiling/profiler.h"
@@ -251,9 +252,11 @@ void runInTwoLanes(const Lane& first, const Lane& second, int64_t count, const C
   const Lane* lanes[] = {&first, &second};
   std::exception_ptr errors[2];
   const int64_t session = profiling::currentSession();  // the caller's, for the team's threads
+  const uint32_t denormal_mode = denormalMode();
 #pragma omp parallel num_threads(2)
   {
     const profiling::SessionScope in_session(session, omp_get_thread_num());
+    const DenormalModeOfCall of_call(denormal_mode);
     for (int l = omp_get_thread_num(); l < 2; l += omp_get_num_threads()) {
       try {
         runLane(*lanes[l], l, 2, count, call);
@@ -293,6 +296,8 @@ std::vector<at::Tensor> runSteps(
   TORCH_CHECK(device_inputs.size() == host_inputs.size(),
               "internal: host and device inputs differ in number");
   Worker::get().waitIdle();
+  // The CPU model computes each call in the denormal mode of that call.
+  const DenormalModeOfCall of_call(denormalMode());
   TORCH_CHECK(shape.output_gathers.empty() || shape.output_gathers.size() == device_outputs.size(),
               "internal: an output mode for some outputs only");
   std::vector<OutputSlots> slots;
