@@ -63,19 +63,25 @@ bool integerInputs(const OpTraits& traits, c10::ArrayRef<c10::IValue> arguments,
   return floating_result || (python_float && traits.pointwise);
 }
 
+// `arguments` with each one that `casts` names replaced by `cast` of its tensor.
+template <typename Cast>
+std::vector<c10::IValue> withCasts(c10::ArrayRef<c10::IValue> arguments,
+                                   const DefaultDtypeCasts& casts, const Cast& cast) {
+  std::vector<c10::IValue> result(arguments.begin(), arguments.end());
+  for (size_t i = 0; i < result.size() && i < kMaxArguments; ++i) {
+    if (casts.arguments >> i & 1) result[i] = cast(arguments[i].toTensor());
+  }
+  return result;
+}
+
 // What the ipu tensors of `arguments` look like to a Meta kernel, with the
 // casts applied as `Tensor.to` would (its strides).
 std::vector<c10::IValue> castMetaTwins(c10::ArrayRef<c10::IValue> arguments,
                                        const DefaultDtypeCasts& casts) {
-  std::vector<c10::IValue> cast(arguments.begin(), arguments.end());
-  for (size_t i = 0; i < cast.size() && i < kMaxArguments; ++i) {
-    if (!(casts.arguments >> i & 1)) continue;
-    const at::Tensor& t = arguments[i].toTensor();
+  return withCasts(arguments, casts, [&casts](const at::Tensor& t) {
     const c10::Device device = t.is_ipu() ? c10::Device(c10::kMeta) : t.device();
-    at::Tensor twin = at::empty_strided(t.sizes(), t.strides(), t.options().device(device));
-    cast[i] = twin.to(casts.dtype);
-  }
-  return cast;
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(device)).to(casts.dtype);
+  });
 }
 
 }  // namespace
@@ -124,11 +130,7 @@ DefaultDtypeCasts defaultDtypeCasts(const c10::OperatorHandle& op,
 
 std::vector<c10::IValue> castArguments(c10::ArrayRef<c10::IValue> arguments,
                                        const DefaultDtypeCasts& casts) {
-  std::vector<c10::IValue> cast(arguments.begin(), arguments.end());
-  for (size_t i = 0; i < cast.size() && i < kMaxArguments; ++i) {
-    if (casts.arguments >> i & 1) cast[i] = arguments[i].toTensor().to(casts.dtype);
-  }
-  return cast;
+  return withCasts(arguments, casts, [&casts](const at::Tensor& t) { return t.to(casts.dtype); });
 }
 
 }  // namespace poptorch::capture
