@@ -147,3 +147,13 @@ def test_native_batch_norm_out_leaves_or_resizes_the_saved_statistics_as_the_cpu
     for cpu, ipu in zip(results["cpu"], results["ipu"]):
         assert (ipu.shape, ipu.stride()) == (cpu.shape, cpu.stride())
         assert_same(cpu, ipu)
+
+
+@pytest.mark.parametrize("args", [(0,), (1,), (7,), (7, False), (7, True, 3.5), (2048, False, 30.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_kaiser_window_is_the_cpus(args, dtype):
+    """Its generic kernel fills the window through a per-device-type kernel the ipu has none of:
+    it raised 'DispatchStub: unsupported device type' (PyTorch's test_kaiser_window)."""
+    window = torch.kaiser_window(*args, dtype=dtype, device="ipu:1")
+    assert window.device == torch.device("ipu:1")
+    assert_same(torch.kaiser_window(*args, dtype=dtype), window, rtol=0, atol=0)

@@ -18,6 +18,7 @@
 #include <ATen/ops/copy_native.h>
 #include <ATen/ops/empty_like_native.h>
 #include <ATen/ops/is_set_to_native.h>
+#include <ATen/ops/kaiser_window.h>
 #include <ATen/ops/native_group_norm.h>
 #include <ATen/ops/scaled_dot_product_attention_native.h>
 #include <ATen/ops/view_native.h>
@@ -419,6 +420,34 @@ at::Tensor efficientZeroTensor(c10::SymIntArrayRef size, std::optional<at::Scala
   return at::zeros_symint(size, dtype, layout, device, pin_memory);
 }
 
+// kaiser_window's generic kernel fills the window through a kernel PyTorch
+// registers per device type (a DispatchStub) for the CPU, CUDA and MPS only:
+// on the ipu it raised "DispatchStub: unsupported device type". The window
+// depends on the arguments alone, so it is made on the host and copied to the
+// ipu, as a tensor made from host data is.
+at::Tensor kaiserWindow(int64_t window_length, bool periodic, double beta,
+                        std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                        std::optional<at::Device> device, std::optional<bool> pin_memory) {
+  const c10::Device ipu(c10::DeviceType::IPU, deviceIndexOf(device));
+  return at::kaiser_window(window_length, periodic, beta, dtype, layout, c10::Device(c10::kCPU),
+                           pin_memory)
+      .to(ipu);
+}
+
+// Its other overloads call the generic kernel directly, with PyTorch's defaults.
+at::Tensor kaiserWindowPeriodic(int64_t window_length, bool periodic,
+                                std::optional<at::ScalarType> dtype,
+                                std::optional<at::Layout> layout, std::optional<at::Device> device,
+                                std::optional<bool> pin_memory) {
+  return kaiserWindow(window_length, periodic, /*beta=*/12.0, dtype, layout, device, pin_memory);
+}
+
+at::Tensor kaiserWindowDefault(int64_t window_length, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin_memory) {
+  return kaiserWindowPeriodic(window_length, /*periodic=*/true, dtype, layout, device, pin_memory);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, IPU, m) {
@@ -447,6 +476,9 @@ TORCH_LIBRARY_IMPL(aten, IPU, m) {
   m.impl("group_norm", TORCH_FN(groupNorm));
   m.impl("record_stream", TORCH_FN(recordStream));
   m.impl("_efficientzerotensor", TORCH_FN(efficientZeroTensor));
+  m.impl("kaiser_window", TORCH_FN(kaiserWindowDefault));
+  m.impl("kaiser_window.periodic", TORCH_FN(kaiserWindowPeriodic));
+  m.impl("kaiser_window.beta", TORCH_FN(kaiserWindow));
 }
 
 // Host tensors copied to the ipu keep their layout too (see preservedStrides).
