@@ -65,11 +65,14 @@ class DeviceOptimizer:
 
     def __init__(self, optimizer: torch.optim.Optimizer, device_params: Dict[int, torch.Tensor],
                  device: torch.device, relax_checks: bool = False,
-                 automatic_loss_scaling: bool = False) -> None:
+                 automatic_loss_scaling: bool = False, offline: bool = False) -> None:
         self.algorithm = rules.algorithm_of(optimizer)
         self.optimizer = optimizer
         self.device = device
         self._relax_checks = relax_checks  # Options.relaxOptimizerAttributesChecks
+        # Compiled for an offline IPU: the state is on no device, so the state
+        # dict has no ipu_state / ipu_param (None), as in PopTorch.
+        self.offline = offline
         self._reported: Set[str] = set()
         self._report_ignored(optimizer)
         self.variables = variable_attributes(optimizer, self.algorithm)
@@ -314,6 +317,7 @@ def _device_state_dict(optimizer: torch.optim.Optimizer,
     state_dict["state"] = {index: state for index, state in state_dict["state"].items()
                            if not rules.is_unstarted(state)}
     owner = _OWNERS.get(optimizer)
-    if isinstance(optimizer, popoptim.Optimizer) and owner is not None and owner() is not None:
-        state_dict["ipu_state"], state_dict["ipu_param"] = owner().ipu_state()
+    device = owner() if owner is not None else None
+    if isinstance(optimizer, popoptim.Optimizer) and device is not None and not device.offline:
+        state_dict["ipu_state"], state_dict["ipu_param"] = device.ipu_state()
     return state_dict

@@ -482,7 +482,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
             self._device_optimizer = DeviceOptimizer(
                 self._optimizer, device_params, _DEVICE,
                 relax_checks=self._options.relax_optimizer_attributes_checks,
-                automatic_loss_scaling=self._options.Training.automatic_loss_scaling)
+                automatic_loss_scaling=self._options.Training.automatic_loss_scaling,
+                offline=self._options.connection_type == ConnectionType.Never)
         self._grouped = _replica_grouping.grouped_weights(
             self.per_replica_params, self._model, self._options, self._device_optimizer, _DEVICE)
         self._grouped_as = dict(self.per_replica_params)

@@ -285,6 +285,22 @@ def test_state_dict_has_torch_layout_and_poptorch_ipu_keys():
     assert again.state_dict()["ipu_state"] is None
 
 
+def test_a_model_compiled_for_an_offline_ipu_has_no_ipu_state():
+    # Its state is on no device (it cannot run), as PopTorch's state dict says;
+    # the same model compiled for the emulated IPU has it.
+    for offline, expected_none in ((True, True), (False, False)):
+        model = net()
+        optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        options = poptorch.Options()
+        if offline:
+            options.useOfflineIpuTarget()
+        training = poptorch.trainingModel(model, options, optimizer)
+        training.compile(*batch(0))
+        state = optimizer.state_dict()  # while the wrapper uses the optimiser
+        assert (state["ipu_state"] is None) is expected_none
+        assert (state["ipu_param"] is None) is expected_none
+
+
 @pytest.mark.parametrize("round_trip", [copy.deepcopy, lambda o: pickle.loads(pickle.dumps(o))])
 def test_copies_keep_poptorch_attributes(round_trip):
     optimizer = poptorch.optim.RMSprop(net().parameters(), lr=0.1, loss_scaling=8.0,
