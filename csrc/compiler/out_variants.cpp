@@ -22,6 +22,24 @@ const absl::flat_hash_map<std::string, std::string>& structuredOutOverloads() {
   return table;
 }
 
+// poptorch's own ops -> out= overload, whose out= kernel behaves as a structured one's.
+const absl::flat_hash_map<std::string, std::string>& ownOutOverloads() {
+  static const absl::flat_hash_map<std::string, std::string> table = {{"poptorch::tanh", "out"}};
+  return table;
+}
+
+// The out= overload name of `name`, or null.
+const std::string* outOverloadName(const c10::OperatorName& name) {
+  if (name.name.rfind("aten::", 0) != 0) {
+    const auto own = ownOutOverloads().find(name.name);
+    return own == ownOutOverloads().end() || !name.overload_name.empty() ? nullptr : &own->second;
+  }
+  std::string key = name.name.substr(6);
+  if (!name.overload_name.empty()) key += "." + name.overload_name;
+  const auto found = structuredOutOverloads().find(key);
+  return found == structuredOutOverloads().end() ? nullptr : &found->second;
+}
+
 // True if `out` is `functional` with one trailing out= Tensor argument.
 bool isOutFormOf(const c10::FunctionSchema& out, const c10::FunctionSchema& functional) {
   const auto& args = functional.arguments();
@@ -45,15 +63,12 @@ std::optional<c10::OperatorHandle> outVariantOf(const c10::OperatorHandle& op) {
   const c10::FunctionSchema& schema = op.schema();
   const c10::OperatorName& name = op.operator_name();
   if (schema.is_mutable() || schema.returns().size() != 1 ||
-      schema.returns()[0].type()->kind() != c10::TypeKind::TensorType ||
-      name.name.rfind("aten::", 0) != 0) {
+      schema.returns()[0].type()->kind() != c10::TypeKind::TensorType) {
     return std::nullopt;
   }
-  std::string key = name.name.substr(6);
-  if (!name.overload_name.empty()) key += "." + name.overload_name;
-  const auto found = structuredOutOverloads().find(key);
-  if (found == structuredOutOverloads().end()) return std::nullopt;
-  auto handle = c10::Dispatcher::singleton().findSchema({name.name, found->second});
+  const std::string* overload = outOverloadName(name);
+  if (overload == nullptr) return std::nullopt;
+  auto handle = c10::Dispatcher::singleton().findSchema({name.name, *overload});
   if (handle && handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
       isOutFormOf(handle->schema(), schema)) {
     return handle;

@@ -51,4 +51,10 @@ ir::Graph planLayouts(ir::Graph graph);
 // its own (docs/user_guide.md, "Random numbers").
 ir::Graph useCounterBasedRandomFills(ir::Graph graph);
 
+// Runs float32 aten::tanh as poptorch::tanh (csrc/kernels/tanh.cpp): SLEEF's
+// vectorised 3.5-ulp tanhf instead of the CPU's MKL vsTanh, which runs a slow
+// generic path on AMD CPUs. Values within float32's tolerance of the CPU's,
+// not bit-identical.
+ir::Graph useFastTanh(ir::Graph graph);
+
 }  // namespace poptorch::passes
