@@ -18,7 +18,7 @@ from . import _C
 from ._device_index import DeviceLike as _DeviceLike, index_of
 
 # c10::DeviceType::IPU, which torch.Stream takes as a number.
-_IPU_DEVICE_TYPE = 18
+_IPU_DEVICE_TYPE: int = _C.IPU_DEVICE_TYPE
 
 
 class Stream(torch.Stream):

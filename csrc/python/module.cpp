@@ -352,6 +352,8 @@ PYBIND11_MODULE(_C, m) {
   using namespace poptorch;
   m.doc() = "The C++ core of poptorch: the ipu device, lazy capture, compiler and runtime.";
   capture::setMetaErrorFilter(&metaErrorMustPropagate);
+  // torch.Stream takes the device type as a number.
+  m.attr("IPU_DEVICE_TYPE") = static_cast<int>(c10::DeviceType::IPU);
   m.def("synchronize", &capture::synchronize, py::call_guard<py::gil_scoped_release>(),
         "Runs every pending ipu operation.");
   m.def("metrics", &metricsDict);
