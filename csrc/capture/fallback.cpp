@@ -386,12 +386,16 @@ std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& t
 std::vector<c10::IValue> recordCall(const c10::OperatorHandle& op, const OpTraits& traits,
                                     c10::ArrayRef<c10::IValue> arguments, c10::Device device,
                                     const MetaResult& meta) {
-  if (meta.default_dtype_casts.any()) {
+  const std::optional<std::shared_ptr<const MetaResult>>& cast_call = meta.cast_call;
+  if (meta.default_dtype_casts.any() && (!cast_call || *cast_call)) {
     const std::vector<c10::IValue> cast = castArguments(arguments, meta.default_dtype_casts);
-    const std::shared_ptr<const MetaResult> cast_meta = inferMeta(op, cast);
-    if (cast_meta && !cast_meta->default_dtype_casts.any() && sameResults(*cast_meta, meta)) {
-      return record(op, traits, cast, device, *cast_meta, ir::Guard::kNone);
+    if (!cast_call) {
+      std::shared_ptr<const MetaResult> cast_meta = inferMeta(op, cast);
+      const bool same =
+          cast_meta && !cast_meta->default_dtype_casts.any() && sameResults(*cast_meta, meta);
+      meta.cast_call = same ? std::move(cast_meta) : nullptr;
     }
+    if (*cast_call) return record(op, traits, cast, device, **cast_call, ir::Guard::kNone);
   }
   return record(op, traits, arguments, device, meta, ir::Guard::kNone);
 }

@@ -24,6 +24,8 @@ struct Layout {
   c10::SmallVector<int64_t, 5> strides;
   int64_t offset = 0;
   int32_t storage = -1;  // a view's storage: an index into argumentStorages()
+
+  bool operator==(const Layout& other) const = default;
 };
 
 struct ReturnInfo {
@@ -50,6 +52,11 @@ struct MetaResult {
   std::vector<c10::Warning> warnings;
   bool warnings_at_call = false;
   DefaultDtypeCasts default_dtype_casts;
+  // The inference of the call with default_dtype_casts applied (whose
+  // signature follows from this one's), taken at its first call: null when it
+  // does not give the same results (the call is recorded uncast). The Meta
+  // cache is per thread, so only its thread sets it.
+  mutable std::optional<std::shared_ptr<const MetaResult>> cast_call;
 };
 
 // The layout of `t`; `storage` as in Layout.
