@@ -97,3 +97,32 @@ def test_an_inference_model_computes_in_the_default_dtype_of_its_compilation():
     # Called under another default, the static graph would compute in the old one.
     with pytest.raises(poptorch.Error, match=r"torch.float32, but the model was compiled when it was torch.bfloat16"):
         model(a, b)
+
+
+# No integer input to cast: the dtype and values come from the default of the call.
+WITHOUT_INTEGER_INPUTS: Dict[str, Callable[[str], torch.Tensor]] = {
+    "where_python_floats": lambda d: torch.where(torch.arange(6, device=d) % 2 == 0, 1.1, 2.7),
+    "full": lambda d: torch.full((5,), 1.1, device=d) * 3,
+    "arange": lambda d: torch.arange(0., 1., .1, device=d) * 3,
+    "linspace": lambda d: torch.linspace(0, 1, 7, device=d) * 3,
+    "lt_python_float_in_place": lambda d: torch.tensor([256, 257, 1, 0], device=d).lt_(256.3),
+}
+OPEN = {
+    "lt_python_float_in_place": "an in-place op on an integer tensor with a Python float "
+                                "computes in the default dtype of its run: the tensor it writes "
+                                "is not cast (docs/testing.md)",
+}
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=OPEN[c])) if c in OPEN else c
+    for c in sorted(WITHOUT_INTEGER_INPUTS)])
+def test_an_op_without_integer_inputs_computes_in_the_default_of_its_call(case):
+    op = WITHOUT_INTEGER_INPUTS[case]
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        expected = op("cpu")
+        pending = op("ipu")
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert_same(expected, pending)
