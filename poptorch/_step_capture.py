@@ -192,7 +192,13 @@ class StepCapture:
                             "weights, annotate the model with poptorch.BeginBlock instead of "
                             "`with poptorch.Block(...)` scopes") from None
             if self.training:
-                self._backward(recorder.loss(outputs))
+                # Gradient checkpointing (torch.utils.checkpoint) runs parts of forward
+                # again in backward: they must read the device tensors, as forward did,
+                # not the host's (stale once the device has trained them).
+                with torch.nn.utils.stateless._reparametrize_module(
+                        self.model, tensors, tie_weights=False, strict=False), \
+                        device_parameters(self.model, self._state.host, self._state.tensors):
+                    self._backward(recorder.loss(outputs))
             self._bind_outputs((outputs, self.anchors.values() if self.anchors else {}))
             del outputs
             program = _C.prepare_program()
