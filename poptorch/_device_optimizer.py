@@ -200,15 +200,18 @@ class DeviceOptimizer:
                 for acc in gradients.values():
                     acc.zero_()
 
-    def set_values(self, optimizer: torch.optim.Optimizer) -> None:
-        """Takes the new hyper-parameters of ``optimizer`` (setOptimizer)."""
+    def set_values(self, optimizer: torch.optim.Optimizer, who: str = "setOptimizer") -> None:
+        """Takes the new hyper-parameters of ``optimizer`` (setOptimizer; `who` names
+        the call in errors)."""
         if rules.algorithm_of(optimizer) != self.algorithm:
-            raise Error(f"setOptimizer: the model was compiled for {self.algorithm}, got a "
+            raise Error(f"{who}: the model was compiled for {self.algorithm}, got a "
                         f"{type(optimizer).__name__}; wrap the model again to change algorithm")
         if len(optimizer.param_groups) != len(self.groups):
-            raise Error("setOptimizer: the new optimiser has "
-                        f"{len(optimizer.param_groups)} param groups, the compiled one "
-                        f"{len(self.groups)}")
+            raise Error(f"{who}: the optimiser has {len(optimizer.param_groups)} param "
+                        f"groups, the model was compiled with {len(self.groups)}. Param "
+                        "groups cannot be added (optimizer.add_param_group) or removed once "
+                        "the model is compiled: give the optimiser every group before the "
+                        "first call, or wrap the model again")
         self._report_ignored(optimizer)
         new = self._constants(optimizer)
         for (index, name), value in new.items():
@@ -216,7 +219,7 @@ class DeviceOptimizer:
             if isinstance(target, torch.Tensor):
                 target.copy_(torch.tensor(float(value)))  # a direct upload, no graph
             elif value != self._compiled_values.get((index, name)):
-                raise Error(f"setOptimizer: '{name}' is a constant of the compiled optimiser "
+                raise Error(f"{who}: '{name}' is a constant of the compiled optimiser "
                             f"(was {self._compiled_values.get((index, name))}, now {value}). "
                             f"Pass it to the optimiser's constructor or call "
                             f"optimizer.variable_attrs.markAsVariable('{name}') before "
@@ -234,13 +237,16 @@ class DeviceOptimizer:
         if _snapshot(self._constants(self.optimizer)) != self._applied:
             logger.debug("the optimiser's hyper-parameters changed on the host: taking them "
                          "as setOptimizer() does")
-            self.set_values(self.optimizer)
+            self.set_values(self.optimizer, "the optimiser changed since the model was "
+                            "compiled")
 
     def _host_parameters(self, optimizer: torch.optim.Optimizer) -> List[Tuple[Any, Dict]]:
         """(host parameter, its device state) for every parameter on the device."""
-        return [(host, self.state[id(self._device_params[id(host)])])
-                for group in optimizer.param_groups for host in group["params"]
-                if id(host) in self._device_params]
+        devices = [(host, self._device_params.get(id(host)))
+                   for group in optimizer.param_groups for host in group["params"]]
+        # A parameter given to the optimiser after compiling (add_param_group) has none.
+        return [(host, self.state[id(device)]) for host, device in devices
+                if device is not None and id(device) in self.state]
 
     def _attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Starts from ``optimizer``'s state (when it has one), then makes it

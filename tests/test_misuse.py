@@ -61,15 +61,6 @@ def test_record_stream_of_another_device_is_an_error():
         torch.ones(2, device="ipu").record_stream(torch.Stream("cpu"))
 
 
-def test_elapsed_time_needs_two_recorded_events():
-    start = torch.ipu.Event(enable_timing=True)
-    with pytest.raises(RuntimeError, match="both events must be recorded"):
-        start.elapsed_time(torch.ipu.Event(enable_timing=True))
-    start.record()
-    with pytest.raises(TypeError, match="takes a torch.ipu.Event, got int"):
-        start.elapsed_time(3)
-
-
 # Device indices ---------------------------------------------------------------
 
 NO_SUCH_IPU = {
@@ -124,3 +115,31 @@ def test_impossible_sizes_raise_the_cpus_error(make):
         make("ipu")
     assert str(on_ipu.value).split(" and strides")[0].split("\n")[0] == \
         str(on_cpu.value).split("\n")[0]
+
+
+# Optimisers -------------------------------------------------------------------
+
+def test_a_param_group_added_after_compiling_says_to_add_it_before():
+    # The error named setOptimizer, which the user never called.
+    import poptorch
+    linear = torch.nn.Linear(4, 2)
+
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = linear
+
+        def forward(self, x):
+            return self.linear(x).sum()
+
+    optimizer = torch.optim.SGD([linear.weight], lr=0.1)
+    model = poptorch.trainingModel(Loss(), optimizer=optimizer)
+    x = torch.randn(2, 4)
+    model(x)
+    optimizer.add_param_group({"params": [linear.bias], "lr": 0.5})
+    with pytest.raises(poptorch.Error, match=r"the optimiser changed since the model was "
+                       r"compiled: the optimiser has 2 param groups, the model was compiled "
+                       r"with 1.*add_param_group.*before the first call, or wrap the model "
+                       r"again"):
+        model(x)
+    model.destroy()
