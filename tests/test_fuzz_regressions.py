@@ -301,3 +301,47 @@ def test_efficientzerotensor_on_the_ipu_is_zeros():
         assert (z.device.type, z.dtype, z.shape) == ("ipu", dtype, torch.Size([2, 3]))
         assert_same(torch.zeros(2, 3, dtype=dtype), (z + torch.zeros(2, 3, dtype=dtype,
                                                                       device="ipu")))
+
+
+def test_the_fuzzers_integer_indices_are_in_range_of_the_dim_they_index():
+    # Batch seed 92604040: `t[..., idx]` indexes the last dim, but idx was drawn for dim 1,
+    # so it went out of range where the generator promises indices in range (the CPU raised
+    # at the call; the ipu, as documented for an error only the values show, at the read).
+    from fuzz.interpreter import Values
+    from fuzz.ops import OPS, Chooser, Skip
+    from fuzz.program import Step
+    ran = 0
+    for choices in range(1, 300):
+        ns = {"t0": torch.zeros(1, 3, 1)}
+        try:
+            line = OPS["setitem"](Chooser(Step("setitem", choices), ns, ["t0"], [], "t1", "s0"))
+        except Skip:
+            continue
+        if line.op == "setitem:int_dim1":
+            try:  # some calls are meant to fail (a value of another dtype), none so
+                exec(line.code, {"torch": torch, "dev": "cpu", "rnd": Values(0, "cpu"), **ns})
+            except IndexError as e:
+                raise AssertionError(f"{line.code}: {e}") from None
+            except RuntimeError:
+                pass
+            ran += 1
+    assert ran > 10
+
+
+def test_a_result_dropped_unused_does_not_change_the_next_graph():
+    # Batch seed 92604039: `torch.where(t > 0, t, 0, out=t)` raised a TypeError after
+    # capturing `t > 0`; that dead comparison ran with the next sync's graph, which then
+    # differed from a replay's and was compiled again.
+    def step(drop: bool) -> torch.Tensor:
+        t = torch.ones(3, 5, 2, dtype=torch.bool).to("ipu")
+        if drop:
+            t > 0  # noqa: B015 - a result nobody keeps
+        return (t.int() + 1).cpu()
+    step(drop=False)
+    compiled = poptorch.metrics()["graphs_compiled"]
+    assert_same(torch.full((3, 5, 2), 2, dtype=torch.int32), step(drop=True).to("ipu"))
+    assert poptorch.metrics()["graphs_compiled"] == compiled
+    executions = poptorch.metrics()["executions"]
+    torch.ones(2).to("ipu") * 2  # noqa: B018 - dropped: nothing is left to run
+    poptorch.synchronize()
+    assert poptorch.metrics()["executions"] == executions

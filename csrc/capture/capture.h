@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "capture/device_queue.h"
 #include "capture/meta_inference.h"
 #include "ir/graph.h"
 
@@ -60,10 +61,5 @@ void recordNode(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::De
 
 // Runs `op` at once on the host (a graph break), counted and logged once per op.
 void hostFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* reason);
-
-// Runs the pending graph (poptorch.synchronize()), and raises the first error
-// of the graphs run since the previous sync point (the op that raised it
-// named); the tensors computed from a failed op stay poisoned.
-void synchronize();
 
 }  // namespace poptorch::capture

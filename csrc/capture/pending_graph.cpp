@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "capture/device_queue.h"
 #include "capture/step_capture.h"
 #include "common/environment.h"
 #include "common/logging.h"
@@ -11,6 +12,7 @@
 #include "compiler/executable_lookup.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
+#include "passes/passes.h"
 #include "runtime/executor.h"
 #include "runtime/worker.h"
 
@@ -27,6 +29,28 @@ c10::Storage scratchStorage(int64_t nbytes, c10::Device device, const c10::Stora
     std::memcpy(storage.mutable_data(), from->data(), static_cast<size_t>(nbytes));
   }
   return bytes.storage();
+}
+
+// The items of `kept`, in order (items are per buffer; see dropUnusedBuffers).
+template <typename T>
+std::vector<T> keptItems(std::vector<T>&& items, const std::vector<ir::BufferId>& kept) {
+  std::vector<T> result;
+  result.reserve(kept.size());
+  for (ir::BufferId b : kept) result.push_back(std::move(items[b]));
+  return result;
+}
+
+// Numbers the nodes of `graph` in order again (Node::source_index, by which the
+// runtime finds a node's arguments and errors name it) after some were dropped.
+void renumberNodes(ir::Graph& graph) {
+  absl::flat_hash_map<int32_t, std::string> sites;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    ir::Node& node = graph.nodes[i];
+    auto site = graph.guard_sites.find(node.source_index);
+    if (site != graph.guard_sites.end()) sites.emplace(i, std::move(site->second));
+    node.source_index = static_cast<int32_t>(i);
+  }
+  graph.guard_sites = std::move(sites);
 }
 
 // The step this thread captures whole, if any.
@@ -175,6 +199,18 @@ std::unique_ptr<runtime::Program> PendingGraph::prepare(bool allow_empty) {
         storages[b] = std::move(storage);
       }
     }
+    if (!whole_step_capture_) {
+      // Nodes whose results nobody holds (a temporary of a statement that
+      // raised, a result dropped unused) go before the lookup: the structure
+      // must not depend on such leftovers of other code, or a replay of the
+      // same ops misses the executable cache.
+      graph = passes::eliminateDeadCode(std::move(graph));
+      renumberNodes(graph);
+      const std::vector<ir::BufferId> kept = graph.dropUnusedBuffers();
+      entries = keptItems(std::move(entries), kept);
+      storages = keptItems(std::move(storages), kept);
+      if (graph.nodes.empty() && !allow_empty) return nullptr;
+    }
     std::shared_ptr<const compiler::Executable> exe = compiler::executableFor(graph);
     return std::make_unique<runtime::Program>(std::move(exe), std::move(graph),
                                               std::move(storages));
@@ -256,6 +292,22 @@ std::exception_ptr PendingGraph::flush() {
     if (std::exception_ptr error = program->tryRun()) worker.noteError(std::move(error));
   }
   return worker.takeFirstError();
+}
+
+}  // namespace poptorch::capture
+
+namespace poptorch::capture {
+
+void runPendingWork() {
+  auto lock = PendingGraph::get().lock();
+  if (std::exception_ptr error = PendingGraph::get().flush()) {
+    runtime::Worker::get().noteError(std::move(error));
+  }
+}
+
+bool queueIsIdle() {
+  auto lock = PendingGraph::get().lock();
+  return PendingGraph::get().size() == 0 && runtime::Worker::get().idle();
 }
 
 }  // namespace poptorch::capture

@@ -102,6 +102,33 @@ void Graph::keepNodes(const std::vector<bool>& keep) {
   nodes = std::move(kept);
 }
 
+// Buffers are numbered in the order the nodes first use them (reads, writes,
+// results), so that the numbering depends on the nodes kept only.
+std::vector<BufferId> Graph::dropUnusedBuffers() {
+  std::vector<BufferId> renumbered(buffers.size(), -1);
+  std::vector<BufferId> kept;
+  auto number = [&](BufferId b) {
+    if (renumbered[b] >= 0) return;
+    renumbered[b] = static_cast<BufferId>(kept.size());
+    kept.push_back(b);
+  };
+  for (const Node& node : nodes) {
+    for (const TensorRef& in : node.inputs) number(in.buffer);
+    for (BufferId w : node.writes) number(w);
+    for (const TensorRef& out : node.outputs) number(out.buffer);
+  }
+  std::vector<BufferInfo> kept_buffers;
+  kept_buffers.reserve(kept.size());
+  for (BufferId b : kept) kept_buffers.push_back(buffers[b]);
+  buffers = std::move(kept_buffers);
+  for (Node& node : nodes) {
+    for (TensorRef& in : node.inputs) in.buffer = renumbered[in.buffer];
+    for (TensorRef& out : node.outputs) out.buffer = renumbered[out.buffer];
+    for (BufferId& w : node.writes) w = renumbered[w];
+  }
+  return kept;
+}
+
 namespace {
 
 std::string refToString(const TensorRef& ref) {

@@ -182,6 +182,9 @@ struct Graph {
   BufferId addBuffer(BufferInfo info);
   // Keeps node i when keep[i], in order.
   void keepNodes(const std::vector<bool>& keep);
+  // Drops the buffers no node reads, writes or makes, numbering the others in
+  // order; returns the old id of each buffer kept.
+  std::vector<BufferId> dropUnusedBuffers();
   std::string toString() const;
 };
 

@@ -48,6 +48,11 @@ void Worker::waitIdle() {
   threading_->idle.wait(lock, [this] { return queue_.empty() && !busy_; });
 }
 
+bool Worker::idle() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queue_.empty() && !busy_;
+}
+
 void Worker::noteError(std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!first_error_) first_error_ = std::move(error);

@@ -27,6 +27,8 @@ class Worker {
   // Waits until every queued program has run. Their errors poison the
   // storages they write (see Program::tryRun).
   void waitIdle();
+  // True when no queued program waits or runs.
+  bool idle();
   // Errors of lazy graphs (run here, or by the capturing thread) are kept
   // until the next sync point takes the first (null if none).
   void noteError(std::exception_ptr error);

@@ -627,8 +627,9 @@ def _advanced_index(c: Chooser, shape: Sequence[int], unique: bool) -> Tuple[str
         mask = c.rnd(shape[:k], torch.bool)
         return (f"{mask}.to(torch.uint8)" if kind == "uint8_mask" else mask), kind
     if kind == "int_dim1" and len(shape) >= 2:
-        idx = int_index(c, shape[1], c.int(1, 3), unique)
-        return f"..., {index_lit(idx)}" if c.flag() else f":, {index_lit(idx)}", kind
+        last = c.flag()  # `...` indexes the last dim, `:` dim 1
+        idx = int_index(c, shape[-1 if last else 1], c.int(1, 3), unique)
+        return f"{'...' if last else ':'}, {index_lit(idx)}", kind
     if kind == "two_ints" and len(shape) >= 2:
         count = c.int(1, 3)
         flat = int_index(c, shape[0] * shape[1], count, unique)
