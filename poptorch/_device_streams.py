@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from . import _C
 from ._device_index import DeviceLike as _DeviceLike, index_of
 
 # c10::DeviceType::IPU, which torch.Stream takes as a number.

@@ -17,6 +17,8 @@ thread_local std::optional<uint32_t> mode_of_call;
 
 }  // namespace
 
+bool isDenormalMode(uint32_t mode) { return (mode & ~kDenormalBits) == 0; }
+
 #ifdef POPTORCH_HAS_MXCSR
 uint32_t denormalMode() { return _mm_getcsr() & kDenormalBits; }
 

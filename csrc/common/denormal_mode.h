@@ -15,6 +15,9 @@ namespace poptorch {
 // denormals-are-zero bits (0 on a CPU without them).
 uint32_t denormalMode();
 
+// True if `mode` is a value denormalMode() can return (any mix of its bits).
+bool isDenormalMode(uint32_t mode);
+
 // While it lives, the calling thread computes in `mode` (a value of
 // denormalMode()); cheap when it already does.
 class DenormalModeAs {

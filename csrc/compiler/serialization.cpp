@@ -11,18 +11,18 @@
 #include <torch/headeronly/version.h>
 
 #include <bit>
-#include <bit>
 #include <cstring>
 #include <functional>
 #include <string_view>
 
+#include "common/denormal_mode.h"
 #include "ir/hash.h"
 
 namespace poptorch::compiler {
 namespace {
 
 // Bumped whenever the trees below change.
-constexpr int64_t kFormatVersion = 3;
+constexpr int64_t kFormatVersion = 4;
 
 // --- the build ----------------------------------------------------------------
 
@@ -179,14 +179,15 @@ c10::IValue encodeNode(const ir::Node& node) {
   auto outputs = anyList();
   for (const ir::TensorRef& ref : node.outputs) outputs.push_back(encodeRef(ref));
   const c10::OperatorName& name = node.op.operator_name();
-  return tuple({name.name, name.overload_name, std::move(args), std::move(inputs),
-                std::move(outputs), ints(node.writes), bools(node.fresh_returns), node.source_index,
-                node.seed.has_value(), node.generator_arg, static_cast<int64_t>(node.guard),
-                ints(std::vector<int32_t>{node.placement.block, node.placement.stage,
-                                          node.placement.phase, node.placement.ipu}),
-                ints(std::vector<int64_t>{static_cast<int64_t>(node.matmul.split),
-                                          node.matmul.factor,
-                                          std::bit_cast<uint32_t>(node.matmul.available_memory)})});
+  return tuple(
+      {name.name, name.overload_name, std::move(args), std::move(inputs), std::move(outputs),
+       ints(node.writes), bools(node.fresh_returns), node.source_index, node.seed.has_value(),
+       node.generator_arg, static_cast<int64_t>(node.guard),
+       ints(std::vector<int32_t>{node.placement.block, node.placement.stage, node.placement.phase,
+                                 node.placement.ipu}),
+       ints(std::vector<int64_t>{static_cast<int64_t>(node.matmul.split), node.matmul.factor,
+                                 std::bit_cast<uint32_t>(node.matmul.available_memory)}),
+       static_cast<int64_t>(node.denormal_mode)});
 }
 
 c10::IValue encodeGraph(const ir::Graph& graph) {
@@ -350,7 +351,7 @@ c10::IValue decodeConstant(const Field& f) {
 }
 
 ir::Node decodeNode(const Field& f, const std::vector<ir::BufferInfo>& buffers) {
-  f.sized(13);
+  f.sized(14);
   ir::Node node(decodeOperator(f[0], f[1]));
   const c10::FunctionSchema& schema = node.op.schema();
   const Field inputs = f[3];
@@ -385,6 +386,8 @@ ir::Node decodeNode(const Field& f, const std::vector<ir::BufferInfo>& buffers) 
       static_cast<int32_t>(plan[1].integer(1, std::numeric_limits<int32_t>::max()));
   node.matmul.available_memory =
       std::bit_cast<float>(static_cast<uint32_t>(plan[2].integer(0, UINT32_MAX)));
+  node.denormal_mode = static_cast<uint32_t>(f[13].integer(0, UINT32_MAX));
+  if (!isDenormalMode(node.denormal_mode)) f[13].fail("is not a denormal mode");
 
   const Field args = f[2].sized(schema.arguments().size());
   const auto num_inputs = static_cast<int64_t>(node.inputs.size());

@@ -132,7 +132,8 @@ struct Node {
   bool deterministic = false;
   bool deterministic_warn_only = false;
   // The calling thread's denormal mode (torch.set_flush_denormal) at the
-  // call: float kernels obey it as they run. Runtime data: not hashed.
+  // call: float kernels obey it as they run. Hashed: graphs captured in other
+  // modes compute other values and share no executable.
   uint32_t denormal_mode = 0;
   // The call gave the CPU kernel's warnings (capture/cpu_checks.h): its run
   // does not give them again. Runtime data: not hashed.

@@ -22,7 +22,7 @@ using testing::GraphBuilder;
 TEST(Serialization, EveryFieldIsKnown) {
   EXPECT_EQ(sizeof(ir::TensorRef), 136u) << "ir::TensorRef has a new field";
   EXPECT_EQ(sizeof(ir::Arg), 56u) << "ir::Arg has a new field";
-  EXPECT_EQ(sizeof(ir::Node), 240u) << "ir::Node has a new field";
+  EXPECT_EQ(sizeof(ir::Node), 248u) << "ir::Node has a new field";
   EXPECT_EQ(sizeof(ir::BufferInfo), 16u) << "ir::BufferInfo has a new field";
   EXPECT_EQ(sizeof(ir::Graph), 88u) << "ir::Graph has a new field";
   EXPECT_EQ(sizeof(compiler::Executable), 368u) << "compiler::Executable has a new field";
@@ -49,11 +49,14 @@ ir::Graph sampleGraph() {
                         GraphBuilder::ref(grad_w, {3, 3, 1, 1}));
 
   ir::Node random(aten("aten::normal", "float_float"));
-  random.args = {ir::Arg::runtime(0.0), ir::Arg::runtime(1.0),
+  random.args = {ir::Arg::runtime(0.0),
+                 ir::Arg::runtime(1.0),
                  ir::Arg::constant(std::vector<int64_t>{4}),
                  ir::Arg::constant(at::make_generator<at::CPUGeneratorImpl>(7)),
-                 ir::Arg::constant(c10::IValue()), ir::Arg::constant(c10::IValue()),
-                 ir::Arg::constant(c10::IValue()), ir::Arg::constant(c10::IValue())};
+                 ir::Arg::constant(c10::IValue()),
+                 ir::Arg::constant(c10::IValue()),
+                 ir::Arg::constant(c10::IValue()),
+                 ir::Arg::constant(c10::IValue())};
   random.outputs = {GraphBuilder::vec(noise)};
   random.fresh_returns = {true};
   random.seed = 1234;
@@ -61,6 +64,7 @@ ir::Graph sampleGraph() {
   random.placement = {2, 1, 0, 3};  // block 2: stage 1, phase 0, ipu 3
   random.matmul = {ir::MatMulPlan::Split::kReducingDim, 4, 0.25f};  // a matmul's, kept as it is
   random.deterministic = true;
+  random.denormal_mode = 0x8040;  // flush-to-zero and denormals-are-zero
   random.observed = {c10::IValue(int64_t{3})};
   b.append(std::move(random));
 
@@ -124,6 +128,7 @@ void expectSameNode(const ir::Node& a, const ir::Node& b) {
   EXPECT_EQ(a.guard, b.guard);
   EXPECT_EQ(a.placement, b.placement);
   EXPECT_EQ(a.matmul, b.matmul);
+  EXPECT_EQ(a.denormal_mode, b.denormal_mode);
   // Run data: the deterministic-algorithms setting and observed values.
   EXPECT_FALSE(b.deterministic || b.deterministic_warn_only);
   EXPECT_TRUE(b.observed.empty());
@@ -186,7 +191,8 @@ TEST(Serialization, AnExecutableRoundTripsThroughThePickler) {
                           [](bool f) { return f; }));
 
   const std::vector<char> bytes = torch::jit::pickle(compiler::executableToIValue(*exe));
-  const auto back = compiler::executableFromIValue(torch::jit::unpickle(bytes.data(), bytes.size()));
+  const auto back =
+      compiler::executableFromIValue(torch::jit::unpickle(bytes.data(), bytes.size()));
   expectSameExecutable(*exe, *back);
   compiler::checkFits(*back, graph);
 }
@@ -208,7 +214,8 @@ TEST(Serialization, TypedListConstantsKeepTheirType) {
   b.append(std::move(node));
   const auto exe = compiled(b.graph);
   const std::vector<char> bytes = torch::jit::pickle(compiler::executableToIValue(*exe));
-  const auto back = compiler::executableFromIValue(torch::jit::unpickle(bytes.data(), bytes.size()));
+  const auto back =
+      compiler::executableFromIValue(torch::jit::unpickle(bytes.data(), bytes.size()));
   const c10::IValue& list = back->program.nodes[0].args[1].value;
   EXPECT_EQ(*list.type(), *scalarList().type());
   EXPECT_TRUE(list == scalarList());
