@@ -294,10 +294,6 @@ std::exception_ptr PendingGraph::flush() {
   return worker.takeFirstError();
 }
 
-}  // namespace poptorch::capture
-
-namespace poptorch::capture {
-
 void runPendingWork() {
   auto lock = PendingGraph::get().lock();
   if (std::exception_ptr error = PendingGraph::get().flush()) {

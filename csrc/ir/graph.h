@@ -184,7 +184,7 @@ struct Graph {
   // Keeps node i when keep[i], in order.
   void keepNodes(const std::vector<bool>& keep);
   // Drops the buffers no node reads, writes or makes, numbering the others in
-  // order; returns the old id of each buffer kept.
+  // the order the nodes first use them; returns the old id of each buffer kept.
   std::vector<BufferId> dropUnusedBuffers();
   std::string toString() const;
 };
