@@ -244,7 +244,7 @@ class _PhasedExecution(_ExecutionStrategy):
             raise Error(f"{type(self).__name__} needs its phases: e.g. "
                         f"poptorch.{type(self).__name__}(poptorch.Phase(\"A\"), "
                         "poptorch.Phase(\"B\"))")
-        self._phases = [p if isinstance(p, Phase) else Phase(*p) for p in phases]
+        self._phases = [p if isinstance(p, Phase) else Phase(p) for p in phases]
         self._separate_backward_phase = False
         self._liveness = Liveness.AlwaysLive
         index = 0

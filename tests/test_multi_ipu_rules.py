@@ -119,6 +119,23 @@ def test_phase_stages_and_ipus_must_match():
     _infer(Chain([None, None]), _options(parallel))
 
 
+def test_each_phase_may_be_one_stage_or_one_block_id():
+    """A phase given as one Stage or one block id (of any length) is a phase of
+    that one stage, as in PopTorch: block ids of several characters were split
+    into one block per character and a Stage raised a TypeError."""
+    by_stage = poptorch.SerialPhasedExecution(poptorch.Stage("layer1"), poptorch.Stage("layer2"))
+    by_id = poptorch.SerialPhasedExecution("layer1", "layer2")
+    for strategy in (by_stage, by_id):
+        assert [[s.blocks for s in phase.stages] for phase in strategy.phases] == \
+            [[("layer1",)], [("layer2",)]]
+    parallel = poptorch.ParallelPhasedExecution("0", "1")
+    parallel.phase(0).ipus(0)
+    parallel.phase(1).ipus(1)
+    model = Chain([None, None])
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(poptorch.inferenceModel(model, _options(parallel))(x), model(x))
+
+
 def test_cloned_options_keep_their_strategy():
     """opts.clone() copies the strategy with its stages (its maps of the
     stages followed the originals)."""
