@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Set
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Set, Union
 
 import torch
 
@@ -26,6 +26,10 @@ __all__ = ["BeginBlock", "Block", "BlockFunction", "removeBlocks"]
 # Placement::block of ops outside every block (see csrc/ir/graph.h).
 _BEFORE_BLOCKS = -1
 _OUTSIDE_BLOCKS = -2
+
+# A block's name: a string, or an integer (as PopTorch takes), which names
+# block str(n).
+BlockId = Union[str, int]
 
 
 class Split(NamedTuple):
@@ -62,9 +66,9 @@ class _BlockCapture:
     def reset_auto_id(self) -> None:
         self._next_auto_id = 0
 
-    def begin(self, user_id: Optional[str], ipu_id: Optional[int]) -> None:
+    def begin(self, user_id: Optional[BlockId], ipu_id: Optional[int]) -> None:
         """From here on, the forward runs in block ``user_id``."""
-        block = self.next_auto_id() if user_id is None else user_id
+        block = self.next_auto_id() if user_id is None else str(user_id)
         if block not in self._index:
             placement = self._strategy.place(block, ipu_id, len(self._ids))
             if placement.ipu >= self._num_ipus:
@@ -85,7 +89,7 @@ class _BlockCapture:
         self._highest_stage = max(self._highest_stage, placement.stage)
         self._set(index)
 
-    def enter(self, user_id: Optional[str], ipu_id: Optional[int]) -> None:
+    def enter(self, user_id: Optional[BlockId], ipu_id: Optional[int]) -> None:
         self._scoped = True
         self._enclosing.append(self._current)
         self.begin(user_id, ipu_id)
@@ -158,7 +162,10 @@ def outside_blocks() -> Iterator[None]:
 
 
 def _check_id(user_id: Any, ipu_id: Any, what: str) -> None:
-    if user_id is not None and not isinstance(user_id, str):
+    # PopTorch takes integer names too (BeginBlock(layer, 1, 2)): block 1 is
+    # the block named "1", which Stage("1") lists.
+    if user_id is not None and (isinstance(user_id, bool) or
+                                not isinstance(user_id, (str, int))):
         raise Error(f"{what}: user_id is a string (the block's name), got {user_id!r}")
     if ipu_id is not None and (isinstance(ipu_id, bool) or not isinstance(ipu_id, int)
                                or ipu_id < 0):
@@ -175,7 +182,7 @@ class Block:
     groups blocks into stages (by default, a block's stage is its IPU).
     Outside a wrapped model's capture it does nothing."""
 
-    def __init__(self, user_id: Optional[str] = None, ipu_id: Optional[int] = None) -> None:
+    def __init__(self, user_id: Optional[BlockId] = None, ipu_id: Optional[int] = None) -> None:
         _check_id(user_id, ipu_id, "poptorch.Block")
         self._user_id = user_id
         self._ipu_id = ipu_id
@@ -189,7 +196,7 @@ class Block:
             capture.reset_auto_id()
 
     @staticmethod
-    def start(user_id: Optional[str] = None, ipu_id: Optional[int] = None) -> None:
+    def start(user_id: Optional[BlockId] = None, ipu_id: Optional[int] = None) -> None:
         """Begins a block that lasts until the next one begins (as BeginBlock)."""
         _check_id(user_id, ipu_id, "poptorch.Block.start")
         capture = _active()
@@ -208,7 +215,7 @@ class Block:
             capture.exit()
 
 
-def BlockFunction(user_id: Optional[str] = None,
+def BlockFunction(user_id: Optional[BlockId] = None,
                   ipu_id: Optional[int] = None) -> Callable[[Callable], Callable]:
     """Decorates a function so that it runs in a block:
 
@@ -231,7 +238,7 @@ class _BlockHook:
     """The forward pre-hook BeginBlock registers: the block begins when the
     layer is called, and lasts until another one begins."""
 
-    def __init__(self, user_id: Optional[str], ipu_id: Optional[int]) -> None:
+    def __init__(self, user_id: Optional[BlockId], ipu_id: Optional[int]) -> None:
         self.user_id = user_id
         self.ipu_id = ipu_id
 
@@ -247,16 +254,19 @@ class _BlockHook:
 class _BeginBlockFunction:
     """BeginBlock of a function rather than a layer."""
 
-    def __init__(self, function: Callable, user_id: Optional[str], ipu_id: Optional[int]):
+    def __init__(self, function: Callable, user_id: Optional[BlockId], ipu_id: Optional[int]):
         self._hook = _BlockHook(user_id, ipu_id)
         self._function = function
+        # PopTorch's names, which its tests read.
+        self._user_id = user_id
+        self._ipu_id = ipu_id
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._hook(None, args)  # type: ignore[arg-type]
         return self._function(*args, **kwargs)
 
 
-def BeginBlock(layer_to_call: torch.nn.Module, user_id: Optional[str] = None,
+def BeginBlock(layer_to_call: torch.nn.Module, user_id: Optional[BlockId] = None,
                ipu_id: Optional[int] = None) -> torch.nn.Module:
     """Begins a block when ``layer_to_call`` runs: the layer and every layer
     after it run in this block, until another block begins. Returns the layer
@@ -272,7 +282,8 @@ def BeginBlock(layer_to_call: torch.nn.Module, user_id: Optional[str] = None,
                     f"{type(layer_to_call).__name__}")
     hooks = layer_to_call._forward_pre_hooks  # pylint: disable=protected-access
     if any(isinstance(hook, _BlockHook) for hook in hooks.values()):
-        raise Error(f"this {type(layer_to_call).__name__} already begins a block: call "
+        raise Error(f"module has already been assigned to a block (this "  # PopTorch's words
+                    f"{type(layer_to_call).__name__} begins one): call "
                     "poptorch.removeBlocks(layer) first to annotate it again")
     layer_to_call.register_forward_pre_hook(_BlockHook(user_id, ipu_id))
     return layer_to_call

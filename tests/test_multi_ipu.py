@@ -5,6 +5,9 @@ Every annotation and strategy must give the numbers of the same model
 unannotated (and of the CPU), and each op must be recorded on the stage and
 IPU of its block, its backward included.
 """
+import copy
+import pickle
+
 import pytest
 import torch
 
@@ -201,7 +204,7 @@ def test_blocks_do_nothing_outside_a_wrapped_model():
 
 def test_remove_blocks():
     model = begin_blocks(Net())
-    with pytest.raises(poptorch.Error, match="already begins a block"):
+    with pytest.raises(poptorch.Error, match="module has already been assigned to a block"):
         poptorch.BeginBlock(model.layers[1], ipu_id=1)
     poptorch.removeBlocks(model)
     assert not any(m._forward_pre_hooks for m in model.modules())
@@ -226,3 +229,28 @@ def test_begin_block_of_a_function():
     x = torch.randn(4, 3)
     out = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(2))(x)
     torch.testing.assert_close(out, model.linear(x) * 2)
+
+
+def _double(x):
+    return x * 2
+
+
+def test_integer_user_ids_name_blocks_as_in_poptorch():
+    """PopTorch's tests name blocks with integers (BeginBlock(layer, 1, 2)):
+    block 1 is the block "1" that Stage("1") lists; they were refused."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 3))
+    poptorch.BeginBlock(model[0], 0, 0)
+    poptorch.BeginBlock(model[2], user_id=1, ipu_id=1)
+    assert "BeginBlock(user_id=1, ipu_id=1)" in poptorch.module_repr(model)
+    for clone in (copy.copy(model), copy.deepcopy(model)):
+        assert "BeginBlock(user_id=1, ipu_id=1)" in poptorch.module_repr(clone)
+    opts = poptorch.Options().deviceIterations(2)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.Stage("0"),
+                                                          poptorch.Stage("1")))
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(poptorch.inferenceModel(model, opts)(x), model(x))
+    block = poptorch.BeginBlock(_double, 1, 2)  # PopTorch's legacy use, on a function
+    assert (block._user_id, block._ipu_id) == (1, 2)
+    torch.testing.assert_close(pickle.loads(pickle.dumps(block))(x), x * 2)
+    with pytest.raises(poptorch.Error, match="user_id is a string"):
+        poptorch.Block(user_id=1.5)
