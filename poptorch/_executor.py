@@ -314,11 +314,12 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         return value
 
     def __reduce_ex__(self, protocol: int) -> Any:
-        # pickle, torch.save and copy.deepcopy: the compiled programs and the
-        # device state belong to this process's IPU.
-        raise Error("a trainingModel/inferenceModel cannot be saved or copied: save "
-                    "model.state_dict() and optimizer.state_dict() (or the model itself) "
-                    "and wrap the model again after loading")
+        # pickle, torch.save and copy save what PopTorch's wrapper holds before
+        # it compiles: the model (whose weights are the device's), the options
+        # and the optimiser; loading wraps them again. The compiled programs and
+        # the device state belong to this process's IPU: the copy compiles
+        # again on its first call.
+        return (_rewrap, (self._model, self._user_options, self._training, self._optimizer))
 
     def __repr__(self) -> str:
         return module_repr(self._model)
@@ -657,6 +658,12 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
 
 def _int32_if_int64(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.int32) if t.dtype == torch.int64 else t
+
+
+def _rewrap(model: torch.nn.Module, options: Options, training: bool,
+            optimizer: Optional[torch.optim.Optimizer]) -> PoplarExecutor:
+    """A saved or copied wrapper, loaded (see ``PoplarExecutor.__reduce_ex__``)."""
+    return PoplarExecutor(model, options, training, optimizer)
 
 
 def trainingModel(model: torch.nn.Module, options: Optional[Options] = None,
