@@ -105,18 +105,10 @@ WITHOUT_INTEGER_INPUTS: Dict[str, Callable[[str], torch.Tensor]] = {
     "full": lambda d: torch.full((5,), 1.1, device=d) * 3,
     "arange": lambda d: torch.arange(0., 1., .1, device=d) * 3,
     "linspace": lambda d: torch.linspace(0, 1, 7, device=d) * 3,
-    "lt_python_float_in_place": lambda d: torch.tensor([256, 257, 1, 0], device=d).lt_(256.3),
-}
-OPEN = {
-    "lt_python_float_in_place": "an in-place op on an integer tensor with a Python float "
-                                "computes in the default dtype of its run: the tensor it writes "
-                                "is not cast (docs/testing.md)",
 }
 
 
-@pytest.mark.parametrize("case", [
-    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=OPEN[c])) if c in OPEN else c
-    for c in sorted(WITHOUT_INTEGER_INPUTS)])
+@pytest.mark.parametrize("case", sorted(WITHOUT_INTEGER_INPUTS))
 def test_an_op_without_integer_inputs_computes_in_the_default_of_its_call(case):
     op = WITHOUT_INTEGER_INPUTS[case]
     torch.set_default_dtype(torch.bfloat16)
@@ -126,3 +118,66 @@ def test_an_op_without_integer_inputs_computes_in_the_default_of_its_call(case):
     finally:
         torch.set_default_dtype(torch.float32)
     assert_same(expected, pending)
+
+
+def near_powers_of_two(device: str, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Integers around 256, 1024 and 2048, where bfloat16 and float16 round."""
+    base = torch.tensor([0, 1, 255, 256, 257, 258, 1023, 1024, 1025, 1026, 2049, 2050, 2051])
+    return base.to(dtype).to(device)
+
+
+# An in-place op on an integer (or bool) tensor with a Python float computes in
+# the default dtype and writes the tensor's dtype: the tensor cannot be cast in
+# place, so the ipu computes the out-of-place op on the cast tensor.
+IN_PLACE: Dict[str, Callable[[str], torch.Tensor]] = {
+    "lt_": lambda d: near_powers_of_two(d).lt_(256.3),
+    "le_": lambda d: near_powers_of_two(d).le_(1024.7),
+    "gt_": lambda d: near_powers_of_two(d).gt_(257.2),
+    "ge_": lambda d: near_powers_of_two(d).ge_(2050.5),
+    "eq_": lambda d: near_powers_of_two(d).eq_(1025.4),
+    "ne_": lambda d: near_powers_of_two(d).ne_(2049.3),
+    "lt_int32": lambda d: near_powers_of_two(d, torch.int32).lt_(256.3),
+    "gt_uint8": lambda d: near_powers_of_two(d, torch.uint8).gt_(254.6),
+    "eq_bool": lambda d: (near_powers_of_two(d) > 256).eq_(1.0001),
+    "eq_strided_view": lambda d: near_powers_of_two(d)[::3].eq_(1025.4),
+    # Not computed in the default dtype: the value is cast to the tensor's.
+    "masked_fill_": lambda d: near_powers_of_two(d).masked_fill_(
+        near_powers_of_two(d) > 1000, 1001.7),
+}
+
+
+@pytest.mark.parametrize("default", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", sorted(IN_PLACE))
+def test_an_in_place_op_on_an_integer_tensor_computes_in_the_default_of_its_call(case, default):
+    """Captured under one default, synced under float32: the CPU's values."""
+    op = IN_PLACE[case]
+    torch.set_default_dtype(default)
+    try:
+        expected = op("cpu")
+        pending = op("ipu")
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert_same(expected, pending)
+
+
+def test_an_in_place_comparison_writes_its_view_and_nothing_else():
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        results = []
+        for device in ("cpu", "ipu"):
+            base = torch.stack([near_powers_of_two(device)] * 3)
+            base[1].lt_(256.3)
+            results.append(base)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert_same(*results)
+
+
+def test_an_in_place_comparison_under_a_float64_default_is_refused():
+    """The CPU computes in float64, which the ipu has not: the clear error, at the call."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        with pytest.raises(TypeError, match="cannot hold Double.*torch.set_default_dtype"):
+            near_powers_of_two("ipu").lt_(256.3)
+    finally:
+        torch.set_default_dtype(torch.float32)

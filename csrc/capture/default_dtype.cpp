@@ -4,6 +4,9 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DefaultDtype.h>
 
+#include <algorithm>
+#include <string>
+
 #include "capture/op_traits.h"
 
 namespace poptorch::capture {
@@ -84,6 +87,85 @@ std::vector<c10::IValue> castMetaTwins(c10::ArrayRef<c10::IValue> arguments,
   });
 }
 
+// The casts of a call of `op` itself (see defaultDtypeCasts).
+DefaultDtypeCasts castsOfTheOp(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                               const MetaResult& result, const MetaRunner& infer) {
+  uint64_t integers = 0;
+  uint64_t bools = 0;
+  if (!integerInputs(traitsOf(op), arguments, result, &integers, &bools)) return {};
+  const c10::ScalarType dtype = c10::typeMetaToScalarType(c10::get_default_dtype());
+  // Bool tensors too (`mask / 2`), unless the op takes them as conditions
+  // (where(mask, a, 0.5)), which a cast breaks.
+  for (uint64_t candidate : {integers, integers & ~bools}) {
+    if (candidate == 0) continue;
+    const DefaultDtypeCasts casts{candidate, dtype};
+    const std::optional<MetaResult> cast = infer(op, castMetaTwins(arguments, casts));
+    if (cast && sameResults(*cast, result)) return casts;
+  }
+  return {};
+}
+
+// The out-of-place op of an in-place one that writes its first argument and
+// returns it (lt_.Scalar: lt.Scalar), with the same arguments otherwise.
+std::optional<c10::OperatorHandle> outOfPlaceTwin(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  const std::string& name = schema.name();
+  const c10::AliasInfo* self =
+      schema.arguments().empty() ? nullptr : schema.arguments()[0].alias_info();
+  if (name.size() < 2 || name.back() != '_' || !self || !self->isWrite() ||
+      schema.returns().size() != 1) {
+    return std::nullopt;
+  }
+  std::optional<c10::OperatorHandle> twin = c10::Dispatcher::singleton().findOp(
+      c10::OperatorName(name.substr(0, name.size() - 1), schema.overload_name()));
+  if (!twin || !twin->hasSchema()) return std::nullopt;
+  const c10::FunctionSchema& twin_schema = twin->schema();
+  if (twin_schema.is_mutable() || twin_schema.returns().size() != 1 ||
+      twin_schema.returns()[0].alias_info() != nullptr ||
+      twin_schema.arguments().size() != schema.arguments().size()) {
+    return std::nullopt;
+  }
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    if (*twin_schema.arguments()[i].type() != *schema.arguments()[i].type()) return std::nullopt;
+  }
+  return twin;
+}
+
+// True if one of `arguments` is a Python float.
+bool anyPythonFloat(c10::ArrayRef<c10::IValue> arguments) {
+  return std::any_of(arguments.begin(), arguments.end(), [](const c10::IValue& value) {
+    return value.isDouble() ||
+           (value.isTensor() && value.toTensor().defined() && isWrappedNumber(value.toTensor()) &&
+            c10::isFloatingType(value.toTensor().scalar_type()));
+  });
+}
+
+// The casts of an in-place call on an integer (or bool) tensor through its
+// out-of-place twin, when the twin casts that tensor. Its result, of the
+// tensor's shape, then goes into the tensor as the in-place kernel's would:
+// computed in the default dtype, converted to the tensor's. Only a Python
+// float can make such a call compute in the default dtype (a floating-point
+// tensor decides the dtype itself, and a floating-point function of an
+// integer tensor cannot write it), so calls without one are not examined.
+DefaultDtypeCasts castsOfTheTwin(const c10::OperatorHandle& op,
+                                 c10::ArrayRef<c10::IValue> arguments, const MetaRunner& infer) {
+  if (arguments.empty() || !arguments[0].isTensor() || !anyPythonFloat(arguments)) return {};
+  const at::Tensor& self = arguments[0].toTensor();
+  if (!self.defined() || !c10::isIntegralType(self.scalar_type(), /*includeBool=*/true)) return {};
+  std::optional<c10::OperatorHandle> twin = outOfPlaceTwin(op);
+  if (!twin) return {};
+  const std::optional<MetaResult> twin_result = infer(*twin, arguments);
+  if (!twin_result || twin_result->returns.size() != 1 || twin_result->returns[0].is_list ||
+      twin_result->returns[0].tensors.size() != 1 ||
+      !self.sizes().equals(twin_result->returns[0].tensors[0].sizes)) {
+    return {};
+  }
+  DefaultDtypeCasts casts = castsOfTheOp(*twin, arguments, *twin_result, infer);
+  if (!(casts.arguments & 1)) return {};
+  casts.out_of_place = std::move(twin);
+  return casts;
+}
+
 }  // namespace
 
 bool sameResults(const MetaResult& a, const MetaResult& b) {
@@ -110,19 +192,8 @@ bool sameResults(const MetaResult& a, const MetaResult& b) {
 DefaultDtypeCasts defaultDtypeCasts(const c10::OperatorHandle& op,
                                     c10::ArrayRef<c10::IValue> arguments, const MetaResult& result,
                                     const MetaRunner& infer) {
-  uint64_t integers = 0;
-  uint64_t bools = 0;
-  if (!integerInputs(traitsOf(op), arguments, result, &integers, &bools)) return {};
-  const c10::ScalarType dtype = c10::typeMetaToScalarType(c10::get_default_dtype());
-  // Bool tensors too (`mask / 2`), unless the op takes them as conditions
-  // (where(mask, a, 0.5)), which a cast breaks.
-  for (uint64_t candidate : {integers, integers & ~bools}) {
-    if (candidate == 0) continue;
-    const DefaultDtypeCasts casts{candidate, dtype};
-    const std::optional<MetaResult> cast = infer(castMetaTwins(arguments, casts));
-    if (cast && sameResults(*cast, result)) return casts;
-  }
-  return {};
+  DefaultDtypeCasts casts = castsOfTheOp(op, arguments, result, infer);
+  return casts.any() ? casts : castsOfTheTwin(op, arguments, infer);
 }
 
 std::vector<c10::IValue> castArguments(c10::ArrayRef<c10::IValue> arguments,

@@ -20,14 +20,18 @@
 
 namespace poptorch::capture {
 
-// Infers the results of the op for other arguments (no cache, no CPU checks);
+// Infers the results of an op for some arguments (no cache, no CPU checks);
 // none when its Meta kernel refuses them.
-using MetaRunner = std::function<std::optional<MetaResult>(c10::ArrayRef<c10::IValue>)>;
+using MetaRunner = std::function<std::optional<MetaResult>(const c10::OperatorHandle& op,
+                                                           c10::ArrayRef<c10::IValue> arguments)>;
 
 // The casts that make a call of `op` with `arguments`, whose results are
 // `result`, independent of the default dtype: none if it does not read it, or
 // if no cast gives the same results (then it runs in the default dtype of its
-// run: where(cond, 1.5, 2.5) has no integer input to cast).
+// run: where(cond, 1.5, 2.5) has no integer input to cast). An in-place op
+// cannot cast the tensor it writes: when that is the integer input
+// (`a.lt_(0.5)`), the casts are those of its out-of-place twin, named in
+// `out_of_place`.
 DefaultDtypeCasts defaultDtypeCasts(const c10::OperatorHandle& op,
                                     c10::ArrayRef<c10::IValue> arguments, const MetaResult& result,
                                     const MetaRunner& infer);

@@ -380,20 +380,43 @@ std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& t
   return results;
 }
 
+// record() for an in-place call on an integer tensor that computes in the
+// default dtype (`a.lt_(0.5)`): its out-of-place twin on the cast arguments,
+// whose result is copied into the written tensor. The returns are the written
+// tensor (see replaceArguments).
+std::vector<c10::IValue> recordThroughTwin(const c10::OperatorHandle& op,
+                                           const c10::OperatorHandle& twin,
+                                           c10::ArrayRef<c10::IValue> arguments,
+                                           c10::ArrayRef<c10::IValue> cast, c10::Device device,
+                                           const MetaResult& cast_meta) {
+  const std::vector<c10::IValue> result =
+      record(twin, traitsOf(twin), cast, device, cast_meta, ir::Guard::kNone);
+  arguments[0].toTensor().copy_(result[0].toTensor());
+  return std::vector<c10::IValue>(op.schema().returns().size());
+}
+
 // record() for an ordinary call. One whose kernel would read the default dtype
 // when it runs computes on its integer inputs cast to the default dtype of the
 // call instead (default_dtype.h), as the CPU kernel computes at the call.
 std::vector<c10::IValue> recordCall(const c10::OperatorHandle& op, const OpTraits& traits,
                                     c10::ArrayRef<c10::IValue> arguments, c10::Device device,
                                     const MetaResult& meta) {
+  const DefaultDtypeCasts& casts = meta.default_dtype_casts;
   const std::optional<std::shared_ptr<const MetaResult>>& cast_call = meta.cast_call;
-  if (meta.default_dtype_casts.any() && (!cast_call || *cast_call)) {
-    const std::vector<c10::IValue> cast = castArguments(arguments, meta.default_dtype_casts);
+  if (casts.any() && (!cast_call || *cast_call)) {
+    const c10::OperatorHandle& computed = casts.out_of_place ? *casts.out_of_place : op;
+    const std::vector<c10::IValue> cast = castArguments(arguments, casts);
     if (!cast_call) {
-      std::shared_ptr<const MetaResult> cast_meta = inferMeta(op, cast);
-      const bool same =
-          cast_meta && !cast_meta->default_dtype_casts.any() && sameResults(*cast_meta, meta);
+      std::shared_ptr<const MetaResult> cast_meta = inferMeta(computed, cast);
+      const std::shared_ptr<const MetaResult> uncast =
+          casts.out_of_place ? inferMeta(computed, arguments) : nullptr;
+      const MetaResult* expected = casts.out_of_place ? uncast.get() : &meta;
+      const bool same = cast_meta && expected && !cast_meta->default_dtype_casts.any() &&
+                        sameResults(*cast_meta, *expected);
       meta.cast_call = same ? std::move(cast_meta) : nullptr;
+    }
+    if (*cast_call && casts.out_of_place) {
+      return recordThroughTwin(op, computed, arguments, cast, device, **cast_call);
     }
     if (*cast_call) return record(op, traits, cast, device, **cast_call, ir::Guard::kNone);
   }

@@ -477,15 +477,17 @@ std::shared_ptr<const MetaResult> inferMeta(const c10::OperatorHandle& op,
   const bool keyed = cacheable;
   std::optional<MetaResult> result = runMetaKernel(op, arguments, &cacheable);
   if (!result) return nullptr;
-  result->default_dtype_casts = defaultDtypeCasts(
-      op, arguments, *result, [&op](c10::ArrayRef<c10::IValue> cast) -> std::optional<MetaResult> {
-        bool ignored = true;
-        try {
-          return runMetaKernel(op, cast, &ignored);
-        } catch (const c10::Error&) {
-          return std::nullopt;  // the op refuses the cast arguments
-        }
-      });
+  result->default_dtype_casts =
+      defaultDtypeCasts(op, arguments, *result,
+                        [](const c10::OperatorHandle& inferred,
+                           c10::ArrayRef<c10::IValue> cast) -> std::optional<MetaResult> {
+                          bool ignored = true;
+                          try {
+                            return runMetaKernel(inferred, cast, &ignored);
+                          } catch (const c10::Error&) {
+                            return std::nullopt;  // the op refuses the cast arguments
+                          }
+                        });
   // Without a Meta answer the op runs on the host, which makes the CPU
   // kernel's checks itself.
   if (keyed) {

@@ -40,6 +40,10 @@ struct ReturnInfo {
 struct DefaultDtypeCasts {
   uint64_t arguments = 0;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
+  // Set for an in-place op whose written tensor is one of the casts
+  // (`a.lt_(0.5)` of an integer `a`): its out-of-place twin computes on the
+  // cast arguments, and its result is copied into the written tensor.
+  std::optional<c10::OperatorHandle> out_of_place;
 
   bool any() const { return arguments != 0; }
 };

@@ -1,6 +1,7 @@
 #include "device/ipu_tensor.h"
 
 #include <ATen/EmptyTensor.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/TensorImpl.h>
 
 #include <cstring>
@@ -14,6 +15,15 @@ namespace poptorch::device {
 
 namespace {
 thread_local bool float64_scalars_allowed = false;
+
+// Integer tensors compute in the default dtype (`a / b`, `a.lt_(0.5)`), where
+// the user asked for no float64 tensor.
+const char* defaultDtypeHint() {
+  return c10::get_default_dtype() == caffe2::TypeMeta::Make<double>()
+             ? " torch.get_default_dtype() is torch.float64, in which ops of integer tensors "
+               "compute: set it to torch.float32 (torch.set_default_dtype)."
+             : "";
+}
 }  // namespace
 
 bool setFloat64ScalarsAllowed(bool allowed) {
@@ -25,7 +35,8 @@ void checkSupportedDtype(c10::ScalarType dtype, bool scalar) {
   TORCH_CHECK_TYPE(dtype != c10::ScalarType::Double && dtype != c10::ScalarType::ComplexDouble,
                    "ipu tensors cannot hold ", c10::toString(dtype),
                    ": IPUs have no 64-bit floating point. Use float32 (tensor.float(), "
-                   "model.float()) or complex64 before moving to the ipu.");
+                   "model.float()) or complex64 before moving to the ipu.",
+                   defaultDtypeHint());
 }
 
 at::Tensor emptyIpuTensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
