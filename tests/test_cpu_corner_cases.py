@@ -157,3 +157,22 @@ def test_kaiser_window_is_the_cpus(args, dtype):
     window = torch.kaiser_window(*args, dtype=dtype, device="ipu:1")
     assert window.device == torch.device("ipu:1")
     assert_same(torch.kaiser_window(*args, dtype=dtype), window, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("variant", ["functional", "out", "inplace"])
+def test_ldexp_of_integer_exponents_is_the_cpus(dtype, variant):
+    """ldexp's generic kernel calls std::ldexp for the CPU and CUDA only; on other devices it
+    multiplies by 2 ** exponent computed in the input's dtype, so a float16 2 ** -25 was 0 and
+    2 ** 20 inf where the CPU gives -2 ** -24 and 1024 (PyTorch's test_ldexp)."""
+    results = {}
+    for device in ("cpu", "ipu"):
+        mantissas = torch.tensor([-2.0, 2.0**-10, 0.75, 3.0], dtype=dtype, device=device)
+        exponents = torch.tensor([-25, 20, -130, 127], device=device)
+        if variant == "functional":
+            results[device] = torch.ldexp(mantissas, exponents)
+        elif variant == "out":
+            results[device] = torch.ldexp(mantissas, exponents, out=torch.empty_like(mantissas))
+        else:
+            results[device] = mantissas.ldexp_(exponents)
+    assert_same(results["cpu"], results["ipu"], rtol=0, atol=0)

@@ -488,7 +488,22 @@ TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("_to_copy", TORCH_FN(toCopy)); }
 // devices would get the math version on the ipu, which computes differently
 // from the CPU and captures as several nodes. Capture them as they are
 // instead; likewise convolution, whose generic kernel dispatches by device,
-// and mode, whose generic kernel refuses devices other than CPU, CUDA and XPU.
+// mode, whose generic kernel refuses devices other than CPU, CUDA and XPU, and
+// ldexp, whose generic kernel (its only one) calls a per-device-type kernel
+// (std::ldexp) for the CPU and CUDA and else multiplies by 2 ** other computed
+// in the input's dtype: a float16 input underflowed or overflowed where the
+// CPU's did not (2 ** -25, 2 ** 20).
+namespace {
+bool genericKernelDispatchesByDevice(const c10::OperatorName& name) {
+  if (name.name == "aten::convolution" || name.name == "aten::convolution_backward" ||
+      name.name == "aten::ldexp" || name.name == "aten::ldexp_") {
+    return true;
+  }
+  return name.name == "aten::mode" &&
+         (name.overload_name.empty() || name.overload_name == "values");
+}
+}  // namespace
+
 struct CaptureHostKernelOps {
   CaptureHostKernelOps()
       : library(torch::Library::IMPL, "aten", c10::DispatchKey::IPU, __FILE__, __LINE__) {
@@ -502,10 +517,7 @@ struct CaptureHostKernelOps {
           op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
           op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
       const bool wanted = (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) && has_math_kernel) ||
-                          name.name == "aten::convolution" ||
-                          name.name == "aten::convolution_backward" ||
-                          (name.name == "aten::mode" &&
-                           (name.overload_name.empty() || name.overload_name == "values"));
+                          genericKernelDispatchesByDevice(name);
       if (!wanted || op.hasKernelForDispatchKey(c10::DispatchKey::IPU)) continue;
       const std::string qualified = name.overload_name.empty()
                                         ? name.name.substr(6)
