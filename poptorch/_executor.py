@@ -32,9 +32,8 @@ from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import AssertionCompatibleError, Error
 from ._execution_strategy import PipelinedExecution, _ExecutionStrategy, check_split
+from ._executor_inputs import ExecutorInputs
 from ._executor_profiling import ExecutorProfiling
-from ._float64 import DEMOTED
-from ._input_groups import expand_input_groups, group_rows
 from ._logging import logger
 from ._printing import module_repr
 from ._step_capture import StepCapture, module_modes
@@ -74,7 +73,7 @@ def _locked(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-class PoplarExecutor(WrapperState, ExecutorProfiling):
+class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
     """The wrapped model. Do not create it directly: use
     :func:`trainingModel` or :func:`inferenceModel`."""
 
@@ -326,30 +325,6 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
 
     # --- compilation --------------------------------------------------------
 
-    def _flatten(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[List[Any], Any]:
-        """The inputs' leaves and their spec (see _inputs.py). IPUs have no
-        64-bit floating point, so float64 (complex128) inputs become float32
-        (complex64), as in PopTorch; `_given` keeps the caller's tensors."""
-        args, kwargs = _inputs.bind(self._model.forward, args, kwargs)
-        given, spec, self._input_objects = _inputs.flatten(args, kwargs)
-        self._given = [leaf for leaf in given if isinstance(leaf, torch.Tensor)]
-        leaves = list(given)
-        for index, leaf in enumerate(leaves):
-            if isinstance(leaf, torch.Tensor) and leaf.requires_grad and not self._warned_grad:
-                # PopTorch's words: the step's outputs do not flow back to the inputs.
-                logger.warning("input %d: Input tensor has requires_grad=True set.This tensor "
-                               "will be detached. (No gradient reaches it from the IPU.)",
-                               index)
-                self._warned_grad = True
-            if isinstance(leaf, torch.Tensor) and leaf.dtype in DEMOTED:
-                if not self._warned_float64:
-                    logger.warning("input %d is %s: IPUs have no 64-bit floating point, so "
-                                   "64-bit inputs are demoted to 32 bits (as PopTorch does)",
-                                   index, leaf.dtype)
-                    self._warned_float64 = True
-                leaves[index] = leaf.to(DEMOTED[leaf.dtype])
-        return expand_input_groups(leaves, self._options, self._accumulation), spec
-
     @property
     def _accumulation(self) -> int:
         """Micro-batches whose gradients one update accumulates (1 for inference)."""
@@ -431,16 +406,6 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
         if compiled:
             logger.info("loadExecutable: %d graphs were compiled: %s holds the executables of "
                         "another model, or of other options", compiled, filename)
-
-    def _batch_message(self, index: int, leaf: torch.Tensor) -> str:
-        o = self._options
-        n = self._micro_batches
-        return (f"input {index} has {leaf.shape[0]} rows: a host batch must be a multiple of "
-                f"deviceIterations ({o.device_iterations}) x replicationFactor "
-                f"({o.replication_factor})" +
-                (f" x gradientAccumulation ({self._accumulation})" if self._training else "") +
-                f" = {n} micro-batches. Use poptorch.DataLoader(options, ...), which makes "
-                f"batches of batch_size x {n}.")
 
     def _lookup_scope(self) -> Any:
         """While active, graphs find executables among this model's (and record
@@ -563,45 +528,6 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
                         f"{self._grouped_as}, it is {self.per_replica_params}): group the "
                         "weights before the first call, or wrap the model again")
 
-    def _check_inputs(self, leaves: List[Any], spec: Any) -> None:
-        if spec != self._spec:
-            names = _inputs.positional_names(self._model.forward)
-            raise Error(f"{_inputs.describe_change(self._spec, spec, names)}: the model was "
-                        "compiled for inputs of another structure. PopTorch compiles a static "
-                        "graph: call destroy() (or wrap the model again) for new kinds of input.")
-        for index, (leaf, expected) in enumerate(zip(leaves, self._input_specs)):
-            shape, dtype, value = expected
-            # What every steady call has: each input as compiled. The names
-            # (pytree paths, the signature) are looked up for a mismatch only.
-            if isinstance(leaf, torch.Tensor):
-                if shape is not None and leaf.dtype == dtype and tuple(leaf.shape) == shape:
-                    continue
-            elif shape is None and not leaf != value:
-                continue
-            self._check_input(index, leaf, spec, expected)
-
-    def _check_input(self, index: int, leaf: Any, spec: Any,
-                     expected: Tuple[Any, Any, Any]) -> None:
-        """Raises if input leaf ``index`` is not what the step was compiled for."""
-        shape, dtype, value = expected
-        leaf_names = _inputs.leaf_names(spec, _inputs.positional_names(self._model.forward))
-        name = leaf_names[index] if leaf_names else f"input {index}"
-        static = ("PopTorch compiles a static graph, so shapes and dtypes must stay the same "
-                  "(use drop_last=True in the DataLoader, or call destroy() to compile again)")
-        if shape is None:
-            if isinstance(leaf, torch.Tensor) or leaf != value:
-                raise Error(f"Value mismatch for {name}: expected {value!r} but got "
-                            f"{leaf!r}: only tensor inputs may change between calls")
-        elif not isinstance(leaf, torch.Tensor):
-            raise Error(f"Type mismatch for {name}: expected Tensor but got "
-                        f"{type(leaf).__name__}: {static}")
-        elif tuple(leaf.shape) != shape:
-            raise Error(f"Shape mismatch for {name}: expected {torch.Size(shape)} but got "
-                        f"{leaf.shape}: {static}")
-        elif leaf.dtype != dtype:
-            raise Error(f"Dtype mismatch for {name}: expected {dtype} but got {leaf.dtype}: "
-                        f"{static}")
-
     def _run(self, leaves: List[Any]) -> Any:
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         n = self._micro_batches
@@ -639,21 +565,6 @@ class PoplarExecutor(WrapperState, ExecutorProfiling):
                       for x in step.out_leaves]
         outputs, self._anchored = pytree.tree_unflatten(leaves_out, step.out_spec)
         return outputs
-
-    def _write_back(self, inputs: List[torch.Tensor], host_inputs: List[torch.Tensor]) -> None:
-        """Inputs the step changes in place (``x += 1``, ``out=``) change for the
-        caller too, as on the CPU. The runtime wrote the host copies; a copy
-        that is not the caller's tensor is copied back."""
-        for given, host, device in zip(inputs, host_inputs, self._step.device_inputs):
-            if not self._micro_step.writes(device):
-                continue
-            if given.dim() == 0:
-                host = host[-1]  # the last micro-batch's value, as after a CPU loop
-            elif host.shape != given.shape:  # replicas of an input group shared its rows
-                host = group_rows(host, self._options, self._accumulation)
-            if not host.is_set_to(given):
-                with torch.no_grad():
-                    given.copy_(host)
 
 
 def _int32_if_int64(t: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 IPUs have no 64-bit floating point. PopTorch runs a model that asks for
 float64 (complex128) in float32 (complex64): its 64-bit inputs (see
-``_executor._flatten``), its casts (``x.double()``, ``x.to(torch.float64)``,
+``_executor_inputs._flatten``), its casts (``x.double()``, ``x.to(torch.float64)``,
 ``x.type(torch.float64)``), the tensors it makes in ``forward`` with
 ``dtype=torch.float64`` or from float64 data (``torch.tensor(numpy_array)``) and
 the float64 host tensors it reads (upstream's ``type_support_test``). While a
