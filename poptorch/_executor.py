@@ -369,8 +369,11 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
                         f"output return period ({self._options.output_return_period})")
         self._input_specs, self._spec, self._examples = specs, spec, examples
         self._modes = module_modes(self._model)  # every capture of the step uses them
-        # Random ops follow the generator's state when the model is compiled.
-        self._capture_seed = int(torch.randint(0, 2**62, (1,)))
+        # Random ops follow Options.randomSeed, as in PopTorch (every model
+        # wrapped with one seed draws the same numbers), else the host
+        # generator's state when the model is compiled.
+        seed = self._options.random_seed
+        self._capture_seed = seed if seed is not None else int(torch.randint(0, 2**62, (1,)))
         progress = _Progress() if self._options.show_compilation_progress_bar else None
         what = "training" if self._training else "inference"
         try:

@@ -188,6 +188,20 @@ def test_rng_state_replays_the_random_numbers():
         inference.rng_state = [1, 2, 3]
 
 
+def test_models_wrapped_with_one_random_seed_draw_the_same_numbers():
+    """As PopTorch (upstream random_sampling_test test_random_seed_repeatability):
+    Options.randomSeed(n) fixes a model's random numbers, however many models
+    were compiled before; the second model drew other numbers."""
+    opts = poptorch.Options().randomSeed(42)
+    x = torch.zeros(3, 2)
+    first = poptorch.inferenceModel(Noisy(), opts)(x)
+    torch.testing.assert_close(poptorch.inferenceModel(Noisy(), opts)(x), first)
+    torch.manual_seed(5)  # the host's generator does not change them either
+    torch.testing.assert_close(poptorch.inferenceModel(Noisy(), opts)(x), first)
+    other = poptorch.inferenceModel(Noisy(), poptorch.Options().randomSeed(43))(x)
+    assert not torch.equal(other, first)
+
+
 def test_copy_weights_to_host_if_needed_is_never_needed():
     model = net()
     training = poptorch.trainingModel(model)
