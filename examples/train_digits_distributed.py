@@ -43,7 +43,7 @@ def main() -> None:
     train_dataset, test_dataset = digits_datasets()
     # Process id and count come from torchrun's RANK and WORLD_SIZE.
     opts = poptorch.Options().replicationFactor(args.replicas).randomSeed(0)
-    process, processes = opts.Distributed.processId(), opts.Distributed.numProcesses()
+    process, processes = opts.Distributed.processId, opts.Distributed.numProcesses
     train_loader = poptorch.DataLoader(opts, train_dataset, batch_size=args.batch_size,
                                        shuffle=True)
     model = ModelwithLoss(ClassificationModel(), nn.CrossEntropyLoss())

@@ -202,18 +202,18 @@ def test_distributed_defaults_from_torchrun_environment(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
     distributed = Options().Distributed
-    assert (distributed.processId(), distributed.numProcesses()) == (1, 3)
+    assert (distributed.processId, distributed.numProcesses) == (1, 3)
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")  # OpenMPI's come first
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
-    assert Options().Distributed.numProcesses() == 2
-    assert Options().Distributed.disable().numProcesses() == 1
+    assert Options().Distributed.numProcesses == 2
+    assert Options().Distributed.disable().numProcesses == 1
 
 
 def test_distributed_env_var_names(monkeypatch):
     monkeypatch.setenv("MY_SIZE", "4")
     monkeypatch.setenv("MY_ID", "3")
     distributed = Options().Distributed.setEnvVarNames("MY_SIZE", "MY_ID")
-    assert (distributed.processId(), distributed.numProcesses()) == (3, 4)
+    assert (distributed.processId, distributed.numProcesses) == (3, 4)
     monkeypatch.setenv("MY_ID", "4")
     with pytest.raises(Error, match="less than the number of processes"):
         Options().Distributed.setEnvVarNames("MY_SIZE", "MY_ID")

@@ -76,10 +76,13 @@ class _DistributedOptions(_Settings):
                         f"got {_show(seconds)}")
         return self._set("timeout", float(seconds))
 
+    # Properties, as in PopTorch (``opts.Distributed.processId * per_process``).
+    @property
     def processId(self) -> int:
         """The index of this process."""
         return self.process_id
 
+    @property
     def numProcesses(self) -> int:
         """The number of processes."""
         return self.num_processes

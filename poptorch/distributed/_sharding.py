@@ -26,7 +26,7 @@ class ProcessShard(torch.utils.data.Sampler[int]):
         if isinstance(dataset, torch.utils.data.IterableDataset):
             raise Error("auto_distributed_partitioning cannot split an IterableDataset: pass "
                         "auto_distributed_partitioning=False and yield only this process's "
-                        "samples (options.Distributed.processId() of numProcesses())")
+                        "samples (options.Distributed.processId of numProcesses)")
         super().__init__()
         self._size = len(dataset)  # type: ignore[arg-type]
         self._share = step * (self._size // (step * num_processes))

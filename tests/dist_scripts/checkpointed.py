@@ -38,7 +38,7 @@ if __name__ == "__main__":
     checkpoint, out_path, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     opts = poptorch.Options().replicationFactor(REPLICAS)
     opts.Distributed.setTimeout(30)
-    rank, processes = opts.Distributed.processId(), opts.Distributed.numProcesses()
+    rank, processes = opts.Distributed.processId, opts.Distributed.numProcesses
     torch.manual_seed(0)
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

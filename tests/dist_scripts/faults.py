@@ -11,7 +11,7 @@ import poptorch
 mode, timeout = sys.argv[1], float(sys.argv[2])
 opts = poptorch.Options()
 opts.Distributed.setTimeout(timeout)
-rank = opts.Distributed.processId()
+rank = opts.Distributed.processId
 
 
 class Net(torch.nn.Module):

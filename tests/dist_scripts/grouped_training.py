@@ -54,7 +54,7 @@ def mine(x, rank):
 
 
 if __name__ == "__main__":
-    rank = poptorch.Options().Distributed.processId()
+    rank = poptorch.Options().Distributed.processId
     results = {}
     for key, grouping in GROUPINGS.items():
         model = model_for(grouping)

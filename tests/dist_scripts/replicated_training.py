@@ -39,7 +39,7 @@ def mine(batch, rank, processes, accumulation=ACCUMULATION):
 if __name__ == "__main__":
     out_path = sys.argv[1]
     opts = options(REPLICAS)
-    rank, processes = opts.Distributed.processId(), opts.Distributed.numProcesses()
+    rank, processes = opts.Distributed.processId, opts.Distributed.numProcesses
     results = {}
     for reduction in (ReductionType.Mean, ReductionType.Sum):
         torch.manual_seed(100 + rank)  # other weights in each process: process 0's win
