@@ -6,17 +6,19 @@ over 8 replicas. ``W`` is cut into 4 shards of 14 columns; the parameter holds
 them as ``[4, 40, 14]`` and replica ``r`` uses shard ``r % 4``
 (``CommGroupType.Orthogonal`` groups of 2 replicas: {0, 4}, {1, 5}, ...). The
 batch is cut in 2 (``replicationFactor(8, 2)``: replicas 0-3 read the first
-12 rows, 4-7 the last 12). Each shard's gradient is averaged over its group
-only, so each shard trains as a model of its own on both halves of the batch.
+12 rows, 4-7 the last 12). Each shard's gradient is summed over its group's
+replicas and, as every gradient, averaged over all 8, as PopTorch does: the
+shards train exactly as the whole ``W`` does on the CPU.
 
     python examples/replica_grouped_weights.py
 
 prints each step's loss (the mean of ``Z**2`` over the whole of ``Z``) and
-checks the trained shards against the same training on the CPU.
+checks the trained shards, and the losses, against the CPU training ``W``.
 """
 from __future__ import annotations
 
 import argparse
+from typing import List, Tuple
 
 import torch
 
@@ -64,20 +66,19 @@ def train_on_ipu(x: torch.Tensor, w: torch.Tensor, steps: int, lr: float):
     return losses, model.W.detach().clone()
 
 
-def train_on_cpu(x: torch.Tensor, w: torch.Tensor, steps: int, lr: float) -> torch.Tensor:
-    """Each shard on its own: the mean over its group's two replicas of the
-    mean of their part of ``Z**2``."""
-    shards = []
-    for s in shard(w):
-        s = s.clone().requires_grad_()
-        optimizer = torch.optim.SGD([s], lr=lr)
-        for _ in range(steps):
-            optimizer.zero_grad()
-            loss = sum(((half @ s)**2).mean() for half in x.chunk(DATA_GROUPS)) / DATA_GROUPS
-            loss.backward()
-            optimizer.step()
-        shards.append(s.detach())
-    return torch.stack(shards)
+def train_on_cpu(x: torch.Tensor, w: torch.Tensor, steps: int,
+                 lr: float) -> Tuple[List[float], torch.Tensor]:
+    """The whole problem on the CPU: its losses, and ``W`` trained, in shards."""
+    w = w.clone().requires_grad_()
+    optimizer = torch.optim.SGD([w], lr=lr)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = ((x @ w)**2).mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses, shard(w.detach())
 
 
 def main() -> None:
@@ -89,8 +90,9 @@ def main() -> None:
     losses, trained = train_on_ipu(x, w, args.steps, args.lr)
     for step, loss in enumerate(losses):
         print(f"step {step}: loss {loss:.6f}")
-    torch.testing.assert_close(trained, train_on_cpu(x, w, args.steps, args.lr),
-                               rtol=1e-5, atol=1e-6)
+    cpu_losses, cpu_trained = train_on_cpu(x, w, args.steps, args.lr)
+    torch.testing.assert_close(losses, cpu_losses, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(trained, cpu_trained, rtol=1e-5, atol=1e-6)
     print("trained shards equal the CPU's:", list(trained.shape))
 
 

@@ -10,10 +10,9 @@ uses the row of its replica: the replica's index is an input of the step
 row goes to every row of the replica's group (just its own row with one row
 per group), so the rows of a group see the same gradients, summed over the
 group's replicas only, and stay equal. For ``ReductionType.Mean`` the update
-divides every gradient by all the replicas' micro-batches; a grouped weight's
-gradient is scaled by ``replicas / group size`` first, so that each group is
-averaged over its own micro-batches, as if it were a model of its own
-replicated ``group size`` times.
+divides them, as every gradient, by all the replicas' micro-batches, as
+PopTorch does: a weight cut in shards over the groups then trains as the
+whole weight does on the CPU (upstream's replicated_graph_test checks it so).
 
 Replicas are numbered across processes (process ``p`` runs replicas
 ``p*R .. p*R+R-1``); every process holds every row, and summing the
@@ -28,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from ._errors import Error
-from .enums import CommGroupType, VariableRetrievalMode, ReductionType
+from .enums import CommGroupType, VariableRetrievalMode
 
 
 @dataclass(frozen=True)
@@ -85,29 +84,27 @@ class ReplicaGrouping:
 
 class _GroupRow(torch.autograd.Function):
     """Row ``row`` of ``weights``; its gradient goes to the rows ``member``
-    marks, times ``scale``."""
+    marks."""
 
     @staticmethod
-    def forward(ctx: Any, weights: torch.Tensor, row: torch.Tensor, member: torch.Tensor,
-                scale: float) -> torch.Tensor:
+    def forward(ctx: Any, weights: torch.Tensor, row: torch.Tensor,
+                member: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(member)
-        ctx.scale = scale
         return weights.index_select(0, row).squeeze(0)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], None, None]:
         (member,) = ctx.saved_tensors
         spread = member.to(grad.dtype).reshape(-1, *([1] * grad.dim()))
-        return spread * (grad * ctx.scale).unsqueeze(0), None, None, None
+        return spread * grad.unsqueeze(0), None, None
 
 
 class GroupedWeights:
     """The grouped weights of one captured step."""
 
     def __init__(self, tables: Dict[str, Tuple[torch.Tensor, torch.Tensor]],
-                 scales: Dict[str, float], local_replicas: int, device: torch.device) -> None:
+                 local_replicas: int, device: torch.device) -> None:
         self._tables = tables  # name -> (row of each local replica, [replica, row] member mask)
-        self._scales = scales
         self._local_replicas = local_replicas
         # The step's extra input: the (local) replica of its micro-batch.
         self.replica_index = torch.zeros(1, dtype=torch.int64, device=device)
@@ -124,7 +121,7 @@ class GroupedWeights:
         for name, (rows, member) in self._tables.items():
             row = rows.index_select(0, self.replica_index)
             mask = member.index_select(0, self.replica_index).squeeze(0)
-            out[name] = _GroupRow.apply(tensors[name], row, mask, self._scales[name])
+            out[name] = _GroupRow.apply(tensors[name], row, mask)
         return out
 
 
@@ -139,7 +136,7 @@ def grouped_weights(per_replica_params: Mapping[str, Any], model: torch.nn.Modul
     local = options.replication_factor
     first = options.Distributed.process_id * local
     replicas = local * options.Distributed.num_processes
-    tables, scales = {}, {}
+    tables = {}
     for name, value in per_replica_params.items():
         if name not in parameters:
             raise Error(f"per_replica_params names {name!r}, which is not a parameter of the "
@@ -160,17 +157,13 @@ def grouped_weights(per_replica_params: Mapping[str, Any], model: torch.nn.Modul
         member = torch.tensor([[float(group_of_row[h] == group[first + r])
                                 for h in range(len(group_of_row))] for r in range(local)])
         tables[name] = (torch.tensor(rows[first:first + local]).to(device), member.to(device))
-        size = group.count(group[0])
-        mean = (options.Training.accumulation_and_replication_reduction_type
-                == ReductionType.Mean)
-        scales[name] = replicas / size if mean else 1.0
     if optimizer is not None and (optimizer.algorithm == "lamb"
                                   or optimizer.max_grad_norm is not None):
         what = "LAMB" if optimizer.algorithm == "lamb" else "max_grad_norm"
         raise Error(f"{what} takes norms over whole weights, which would mix the groups of "
                     f"replica-grouped weights ({sorted(tables)}): use another optimiser, "
                     "or no max_grad_norm")
-    return GroupedWeights(tables, scales, local, device)
+    return GroupedWeights(tables, local, device)
 
 
 def _check_rows_agree(name: str, host: torch.Tensor, group_of_row: List[int]) -> None:

@@ -1,6 +1,7 @@
 """Replica-grouped weights (per_replica_params, W.replicaGrouping) against the
-CPU: each group of replicas trains its value of a weight as a model of its own
-trained on the micro-batches its replicas read."""
+CPU: each group of replicas trains its value of a weight on the micro-batches
+its replicas read, averaged (ReductionType.Mean) over all replicas as PopTorch
+does, so that a weight cut in shards trains as the whole weight on the CPU."""
 import copy
 import pickle
 import subprocess
@@ -55,8 +56,8 @@ def micro_batches(x):
 
 def cpu_training(model, group, rows_of, steps, reduction, lr=0.1, momentum=0.5):
     """The semantics by hand: per iteration, a grouped row's gradient is the
-    sum over its group's micro-batches (divided by the group's micro-batches
-    for Mean), the shared V's the sum over all micro-batches (divided by all)."""
+    sum over its group's micro-batches, the shared V's the sum over all
+    micro-batches; Mean divides both by all the micro-batches."""
     W, b, V = (model.W.detach().clone(), model.b.detach().clone(), model.V.detach().clone())
     params = [W, b, V]
     velocity = [torch.zeros_like(p) for p in params]
@@ -77,13 +78,11 @@ def cpu_training(model, group, rows_of, steps, reduction, lr=0.1, momentum=0.5):
                     outputs.append((y.detach(), loss.detach()))
                     members = [h for h in range(W.shape[0])
                                if _group_of_row(h, group, rows_of) == group[r]]
-                    size = group.count(group[r])
+                    scale = 1 / (REPLICAS * ACCUMULATION) if reduction == ReductionType.Mean else 1
                     for h in members:
-                        scale = 1 / (size * ACCUMULATION) if reduction == ReductionType.Mean else 1
                         grads[0][h] += gw * scale
                         grads[1][h] += gb * scale
-                    grads[2] += gv * (1 / (REPLICAS * ACCUMULATION)
-                                      if reduction == ReductionType.Mean else 1)
+                    grads[2] += gv * scale
             for p, g, buf in zip(params, grads, velocity):
                 buf.mul_(momentum).add_(g)
                 p.sub_(lr * buf)
@@ -323,8 +322,9 @@ def _pipelined(model):
 
 
 def test_a_pipelined_model_with_a_grouped_weight_equals_the_cpu():
-    """BeginBlock stages: the shared Linear on IPU 0 averaged over every
-    micro-batch, the head's per-replica W on IPU 1 over its replica's."""
+    """BeginBlock stages: the shared Linear on IPU 0, the head's per-replica W
+    on IPU 1 trained on its replica's micro-batches; Mean divides both by every
+    micro-batch."""
     torch.manual_seed(0)
     model = _TwoStages(scoped=False)
     reference = copy.deepcopy(model)
@@ -341,7 +341,7 @@ def test_a_pipelined_model_with_a_grouped_weight_equals_the_cpu():
             got = torch.autograd.grad(((y - ts[step, r]) ** 2).mean(), params + [reference.head.W])
             for g, add in zip(grads, got):
                 g += add / (steps * REPLICAS)
-            grad_w += got[-1] / steps
+            grad_w += got[-1] / (steps * REPLICAS)
     with torch.no_grad():
         for p, g in zip(params, grads):
             p -= 0.1 * g
