@@ -8,6 +8,7 @@
 #include <ATen/native/Resize.h>
 #include <ATen/native/ResizeCommon.h>
 #include <ATen/native/TensorFactories.h>
+#include <ATen/ops/_batch_norm_impl_index_native.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_fused_sdp_choice_ops.h>
 #include <ATen/ops/_local_scalar_dense.h>
@@ -410,6 +411,28 @@ at::Tensor groupNorm(const at::Tensor& input, int64_t num_groups,
                                            input.size(1), hxw, num_groups, eps));
 }
 
+// batch_norm's generic kernel makes the saved statistics of an empty batch in
+// the host's accumulate type, float64 for float32 (on CUDA, float32), which an
+// ipu tensor cannot hold: F.batch_norm of an empty batch raised a TypeError.
+// Nothing reads those statistics (the backward of an empty batch sums its
+// gradients), so the ipu makes them in the input's dtype; the output is the
+// generic kernel's, input * weight[0] + bias[0].
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> batchNormImplIndex(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps,
+    bool cudnn_enabled) {
+  if (input.numel() != 0 || input.dim() < 2) {
+    return at::native::_batch_norm_impl_index(input, weight, bias, running_mean, running_var,
+                                              training, momentum, eps, cudnn_enabled);
+  }
+  at::Tensor out = input.clone();
+  if (weight && weight->defined()) out = out.mul((*weight)[0]);
+  if (bias && bias->defined()) out = out.add((*bias)[0]);
+  const at::Tensor statistics = at::empty({input.size(1)}, input.options());
+  return {out, statistics, statistics.clone(), at::empty({0}, input.options().dtype(at::kByte)), 0};
+}
+
 // PyTorch's ZeroTensor has no storage, so a graph cannot hold it as an input:
 // the CPU kernel run for the ipu made one the next op read as a host tensor
 // (autograd adding sgn's zero gradient to another failed). The ipu's is a
@@ -474,6 +497,7 @@ TORCH_LIBRARY_IMPL(aten, IPU, m) {
   m.impl("scaled_dot_product_attention", TORCH_FN(scaledDotProductAttention));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(hasCompatibleShallowCopyType));
   m.impl("group_norm", TORCH_FN(groupNorm));
+  m.impl("_batch_norm_impl_index", TORCH_FN(batchNormImplIndex));
   m.impl("record_stream", TORCH_FN(recordStream));
   m.impl("_efficientzerotensor", TORCH_FN(efficientZeroTensor));
   m.impl("kaiser_window", TORCH_FN(kaiserWindowDefault));
@@ -551,6 +575,7 @@ TORCH_LIBRARY_IMPL(aten, AutogradIPU, m) {
   m.impl("scaled_dot_product_attention", TORCH_FN(scaledDotProductAttention));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(hasCompatibleShallowCopyType));
   m.impl("group_norm", TORCH_FN(groupNorm));
+  m.impl("_batch_norm_impl_index", TORCH_FN(batchNormImplIndex));
 }
 
 // Core registers no autograd fallback for AutogradIPU: operators without an
