@@ -236,6 +236,16 @@ def test_an_out_tensor_overlapping_the_inputs_of_cat_is_refused_before_a_resize(
     assert t.shape == (1,) and t.tolist() == [1.0]
 
 
+@pytest.mark.parametrize("shape", [(2, 0), (0, 2, 0, 0)])
+def test_an_empty_out_tensor_that_is_also_an_input_of_cat_is_refused(shape):
+    # The CPU refuses the same tensor as input and out= before counting elements;
+    # the ipu's check ran on a stand-in per argument, which no longer were one tensor.
+    for dev in DEVICES:
+        t = torch.zeros(shape, device=dev)
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            torch.cat([t, t], 0, out=t)
+
+
 def test_an_out_tensor_of_a_dtype_mean_cannot_give_is_refused_before_a_resize():
     for dev in DEVICES:
         t = torch.zeros(0, dtype=torch.int64, device=dev)
@@ -280,6 +290,24 @@ def test_the_checker_replays_a_program_whose_out_tensor_the_values_left_undefine
     check_program(Program(inputs=(scalar, scalar, mask),
                           steps=(Step(op="dynamic_shape", choices=0), Step(op="view", choices=0),
                                  Step(op="out", choices=0)), seed=0))
+
+
+def test_the_checker_runs_what_the_first_run_left_pending_before_the_replay():
+    # The long run's checker reported a recompile (batch seed 918277) that was its own: the
+    # refused clamp(out=t2) kept t0, whose fill_ was pending, alive in its traceback, and
+    # that fill_ joined the replay's first graph. Fresh, for an empty executable cache.
+    result = run_python(textwrap.dedent("""
+        import sys, torch
+        sys.path.insert(0, "tests")
+        from fuzz import check_program
+        from fuzz.program import InputSpec, Program, Step
+        spec = InputSpec(shape=(4, 3), dtype=torch.uint8, requires_grad=False, special=False)
+        steps = (Step(op="out", choices=1262), Step(op="random", choices=87381156),
+                 Step(op="matmul", choices=1024), Step(op="setitem", choices=13308),
+                 Step(op="transpose", choices=660)) * 2
+        check_program(Program(inputs=(spec,), steps=steps, seed=0))
+    """))
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("op", [torch.sgn, torch.sign, torch.abs])

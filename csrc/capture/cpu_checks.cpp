@@ -44,7 +44,9 @@ struct Extent {
 using Extents = absl::flat_hash_map<const c10::StorageImpl*, Extent>;
 
 // CPU stand-ins of ipu tensors over filler values. Stand-ins of views of one
-// ipu storage share one CPU storage, so overlap checks see the real aliasing.
+// ipu storage share one CPU storage, and a tensor passed twice gets one
+// stand-in, so overlap checks see the real aliasing (the CPU refuses
+// cat([t, t], out=t) for being the same tensor, even with no elements).
 class StandIns {
  public:
   // The extents of the distinct ipu storages of `arguments`, or nullopt if
@@ -83,8 +85,13 @@ class StandIns {
     }
   }
 
-  c10::IValue convert(const c10::IValue& value) const {
-    return mapTensors(value, [this](const at::Tensor& t) { return standIn(t); });
+  c10::IValue convert(const c10::IValue& value) {
+    return mapTensors(value, [this](const at::Tensor& t) {
+      if (!t.defined() || !t.is_ipu()) return t;  // host scalars take part as they are
+      auto [it, made] = made_.try_emplace(t.unsafeGetTensorImpl());
+      if (made) it->second = standIn(t);
+      return it->second;
+    });
   }
 
  private:
@@ -97,7 +104,6 @@ class StandIns {
   }
 
   at::Tensor standIn(const at::Tensor& t) const {
-    if (!t.defined() || !t.is_ipu()) return t;  // host scalars take part as they are
     at::Tensor stand_in = tensorOn(storages_.at(t.storage().unsafeGetStorageImpl()), t.dtype(),
                                    t.sizes(), t.strides(), t.storage_offset());
     stand_in.unsafeGetTensorImpl()->_set_conj(t.is_conj());
@@ -106,6 +112,7 @@ class StandIns {
   }
 
   absl::flat_hash_map<const c10::StorageImpl*, c10::Storage> storages_;
+  absl::flat_hash_map<const c10::TensorImpl*, at::Tensor> made_;  // per ipu tensor
 };
 
 // The bytes of the results `expected` says the kernel makes (its fresh
@@ -186,7 +193,7 @@ std::variant<Raised, CpuRun> runOnStandIns(const c10::OperatorHandle& op,
   const WarningsRecorded recorded;
   try {
     // Filling may fail too (fill_ lacks a dtype): then no two runs agree.
-    const StandIns stand_ins(extents, filler);
+    StandIns stand_ins(extents, filler);
     torch::jit::Stack stack;
     stack.reserve(arguments.size());
     // The written arguments' stand-ins, which the kernel may resize.
