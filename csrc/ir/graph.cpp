@@ -56,6 +56,11 @@ int matMulLhsArg(const c10::OperatorName& name) {
   return -1;
 }
 
+bool refersTo(const std::vector<TensorRef>& refs, BufferId buffer) {
+  return std::any_of(refs.begin(), refs.end(),
+                     [&](const TensorRef& ref) { return ref.buffer == buffer; });
+}
+
 }  // namespace
 
 bool Node::isMatMul() const {
@@ -72,6 +77,16 @@ std::pair<const TensorRef*, const TensorRef*> Node::matMulOperands() const {
   const auto lhs = static_cast<size_t>(matMulLhsArg(op.operator_name()));
   return {&inputs[static_cast<size_t>(args[lhs].refs[0])],
           &inputs[static_cast<size_t>(args[lhs + 1].refs[0])]};
+}
+
+bool Node::reads(BufferId buffer) const { return refersTo(inputs, buffer); }
+
+bool Node::writesInPlace(BufferId buffer) const {
+  return std::find(writes.begin(), writes.end(), buffer) != writes.end();
+}
+
+bool Node::changes(BufferId buffer) const {
+  return writesInPlace(buffer) || refersTo(outputs, buffer);
 }
 
 bool Node::hasHostEffects() const {

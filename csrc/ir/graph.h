@@ -154,6 +154,14 @@ struct Node {
   bool isMatMul() const;
   // A matrix multiplication's operands, as read: (lhs, rhs).
   std::pair<const TensorRef*, const TensorRef*> matMulOperands() const;
+  // Whether one of `inputs` views `buffer`.
+  bool reads(BufferId buffer) const;
+  // Whether the node writes `buffer` in place (it is in `writes`).
+  bool writesInPlace(BufferId buffer) const;
+  // Whether the node changes `buffer`: in place, or as a fresh result.
+  bool changes(BufferId buffer) const;
+  // Whether it reads, writes or makes `buffer`.
+  bool touches(BufferId buffer) const { return reads(buffer) || changes(buffer); }
   // True for an op that acts on the host beyond its results: any op outside
   // ATen's namespaces (poptorch's printing and host callbacks, users' custom
   // ops, whose kernels may run Python), except poptorch's fused kernels

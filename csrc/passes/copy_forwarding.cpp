@@ -43,16 +43,6 @@ bool isCopy(const ir::Node& node) {
          node.args[1].kind == ir::ArgKind::kTensor;
 }
 
-bool refersTo(const std::vector<ir::TensorRef>& refs, ir::BufferId buffer) {
-  return std::any_of(refs.begin(), refs.end(),
-                     [&](const ir::TensorRef& ref) { return ref.buffer == buffer; });
-}
-
-bool writes(const ir::Node& node, ir::BufferId buffer) {
-  return std::find(node.writes.begin(), node.writes.end(), buffer) != node.writes.end() ||
-         refersTo(node.outputs, buffer);
-}
-
 // `view` of the row-major copy `dst` of `src`, as a view of `src`'s buffer:
 // each of its dimensions must step along one dimension of `dst` and stay
 // within it, so that its elements are the same elements of `src`.
@@ -108,7 +98,7 @@ bool forward(ir::Graph& graph, size_t c) {
   }
   for (size_t i = 0; i < c; ++i) {
     const ir::Node& node = graph.nodes[i];
-    if (refersTo(node.inputs, dst.buffer) || writes(node, dst.buffer)) return false;
+    if (node.touches(dst.buffer)) return false;
   }
   // The readers must read the composed views' strides (stridesRead: no host
   // effects, no storage-level view ops), stay with the copy's IPU and stage,
@@ -116,8 +106,8 @@ bool forward(ir::Graph& graph, size_t c) {
   std::vector<size_t> readers;
   for (size_t i = c + 1; i < graph.nodes.size(); ++i) {
     const ir::Node& node = graph.nodes[i];
-    if (writes(node, dst.buffer)) return false;
-    if (!refersTo(node.inputs, dst.buffer)) continue;
+    if (node.changes(dst.buffer)) return false;
+    if (!node.reads(dst.buffer)) continue;
     if (node.hasHostEffects() || stridesRead(node) == StridesRead::kNone ||
         node.placement != copy.placement) {
       return false;
@@ -126,7 +116,7 @@ bool forward(ir::Graph& graph, size_t c) {
   }
   if (readers.empty()) return false;
   for (size_t i = c + 1; i <= readers.back(); ++i) {
-    if (writes(graph.nodes[i], src.buffer)) return false;
+    if (graph.nodes[i].changes(src.buffer)) return false;
   }
   std::vector<std::vector<ir::TensorRef>> rewritten;
   for (size_t r : readers) {

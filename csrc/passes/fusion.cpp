@@ -13,23 +13,9 @@ bool is(const ir::Node& node, std::string_view name, std::string_view overload =
   return op.name == name && op.overload_name == overload;
 }
 
-bool touches(const ir::Node& node, ir::BufferId buffer) {
-  for (const ir::TensorRef& in : node.inputs) {
-    if (in.buffer == buffer) return true;
-  }
-  for (const ir::TensorRef& out : node.outputs) {
-    if (out.buffer == buffer) return true;
-  }
-  return std::find(node.writes.begin(), node.writes.end(), buffer) != node.writes.end();
-}
-
 bool writesAny(const ir::Node& node, const std::vector<ir::TensorRef>& refs) {
-  for (const ir::TensorRef& ref : refs) {
-    if (std::find(node.writes.begin(), node.writes.end(), ref.buffer) != node.writes.end()) {
-      return true;
-    }
-  }
-  return false;
+  return std::any_of(refs.begin(), refs.end(),
+                     [&](const ir::TensorRef& ref) { return node.writesInPlace(ref.buffer); });
 }
 
 // The tensor argument `a` of `node`, or null if it is not one.
@@ -90,7 +76,7 @@ ir::Graph fuseMatmulBias(ir::Graph graph) {
     // The next node that touches the product; the fused node runs there, so
     // the nodes before it must leave the matrices alone.
     size_t j = i + 1;
-    while (j < graph.nodes.size() && !touches(graph.nodes[j], product.buffer) &&
+    while (j < graph.nodes.size() && !graph.nodes[j].touches(product.buffer) &&
            !writesAny(graph.nodes[j], mm.inputs)) {
       ++j;
     }

@@ -397,10 +397,7 @@ class Run {
       const ir::Arg& arg = node.args[a];
       if (arg.kind != ir::ArgKind::kTensor) continue;
       const ir::TensorRef& ref = node.inputs[arg.refs[0]];
-      if (ref.sizes.size() != 4 ||
-          std::find(node.writes.begin(), node.writes.end(), ref.buffer) != node.writes.end()) {
-        continue;
-      }
+      if (ref.sizes.size() != 4 || node.writesInPlace(ref.buffer)) continue;
       stack[a] = inLayout(stack[a].toTensor(), ref, ir::Layout::kChannelsLast);
     }
   }
