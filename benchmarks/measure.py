@@ -135,6 +135,7 @@ def measure_one(model_name: str, mode: str, task: str, settings: Settings) -> Di
 # --- capture cost -------------------------------------------------------------
 
 CHAIN_LENGTH = 500  # x * a + b, twice an iteration: 1,000 ops
+MIN_CHAINS = 30  # a chain takes a few ms: enough of them for a steady median
 
 
 def _chain(x: torch.Tensor) -> torch.Tensor:
@@ -143,38 +144,59 @@ def _chain(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _time_chain(x: torch.Tensor, sync: Callable[[], None], repeats: int) -> List[float]:
-    """Seconds to issue the chain, ``repeats`` times; ``sync`` runs after each,
-    outside the timed region."""
-    times = []
+@dataclass
+class ChainTimes:
+    wall_s: List[float]
+    thread_s: List[float]  # the calling thread's CPU time
+
+
+def _time_chain(x: torch.Tensor, sync: Callable[[], None], repeats: int) -> ChainTimes:
+    """Seconds to issue the chain, ``repeats`` times, by wall clock and by this
+    thread's CPU time; ``sync`` runs after each, outside the timed region."""
+    times = ChainTimes([], [])
     for _ in range(repeats):
-        start = time.perf_counter()
+        wall, thread = time.perf_counter(), time.thread_time()
         _chain(x)
-        times.append(time.perf_counter() - start)
+        times.thread_s.append(time.thread_time() - thread)
+        times.wall_s.append(time.perf_counter() - wall)
         sync()
     return times
 
 
 def capture_cost(repeats: int) -> Dict[str, Any]:
     """Microseconds per op to capture 1,000 small elementwise ops on the ipu
-    (without running them), next to eager's time per op for the same chain."""
+    (without running them), next to eager's time per op for the same chain.
+
+    The figures are the calling thread's CPU time: capture runs on that thread
+    alone (no other thread of the process runs while it captures), and its CPU
+    time leaves out the time other processes (or the hypervisor) take the core
+    away, which the wall clock counts (``*_wall_us_per_op``, next to the other
+    load while the chains ran)."""
     import poptorch
     ops = 2 * CHAIN_LENGTH
+    repeats = max(repeats, MIN_CHAINS)
     lazy_x, eager_x = torch.ones(16, device="ipu"), torch.ones(16)
     poptorch.synchronize()  # so the chains below capture no factory op
     _time_chain(lazy_x, poptorch.synchronize, 1)  # warm-up: the graph is compiled here
     _time_chain(eager_x, lambda: None, 1)
     before = poptorch.metrics()
-    lazy = _time_chain(lazy_x, poptorch.synchronize, repeats)
-    after = poptorch.metrics()
-    eager = _time_chain(eager_x, lambda: None, repeats)
-    lazy_us = statistics.median(lazy) / ops * 1e6
-    eager_us = statistics.median(eager) / ops * 1e6
+    with OtherLoad() as other:
+        lazy = _time_chain(lazy_x, poptorch.synchronize, repeats)
+        after = poptorch.metrics()
+        eager = _time_chain(eager_x, lambda: None, repeats)
+
+    def us_per_op(seconds: List[float]) -> float:
+        return statistics.median(seconds) / ops * 1e6
+
+    lazy_us, eager_us = us_per_op(lazy.thread_s), us_per_op(eager.thread_s)
     return {
         "ops": ops, "repeats": repeats,
         "lazy_capture_us_per_op": lazy_us,
         "eager_us_per_op": eager_us,
         "lazy_over_eager": lazy_us / eager_us,
+        "lazy_capture_wall_us_per_op": us_per_op(lazy.wall_s),
+        "eager_wall_us_per_op": us_per_op(eager.wall_s),
+        "other_load_cores": other.cores,
         "ops_captured_per_chain": (after["ops_captured"] - before["ops_captured"]) / repeats,
         "graphs_compiled_while_timing": after["graphs_compiled"] - before["graphs_compiled"],
         "lazy_run_s_per_chain": (after["execute_seconds"] - before["execute_seconds"]) / repeats,

@@ -47,9 +47,15 @@ def markdown(data: Dict[str, Any]) -> str:
 def capture_line(cost: Dict[str, Any]) -> str:
     if "lazy_capture_us_per_op" not in cost:
         return f"Capture cost per op: FAILED: {cost.get('error', 'not measured')}"
+    wall = ""
+    if "lazy_capture_wall_us_per_op" in cost:
+        wall = (f" Wall clock: {cost['lazy_capture_wall_us_per_op']:.2f} and "
+                f"{cost['eager_wall_us_per_op']:.2f} µs, other load "
+                f"{cost['other_load_cores']:.2f} cores.")
     return (f"Capture cost per op (lazy, chain of {cost['ops']} elementwise ops on a 16-element "
-            f"tensor, not synced): {cost['lazy_capture_us_per_op']:.2f} µs; eager on the CPU: "
-            f"{cost['eager_us_per_op']:.2f} µs per op ({cost['lazy_over_eager']:.2f}x).")
+            f"tensor, not synced; the thread's CPU time): {cost['lazy_capture_us_per_op']:.2f} µs; "
+            f"eager on the CPU: {cost['eager_us_per_op']:.2f} µs per op "
+            f"({cost['lazy_over_eager']:.2f}x).{wall}")
 
 
 FIRST_COMPILE = ("cnn", "poptorch", "train")
