@@ -2,7 +2,7 @@
 
     python scripts/upstream_tests.py DIR [options_test.py api.py ...] [--poptorch ROOT]
 
-DIR holds copies of Graphcore's files (see docs/testing.md): DIR/tests/*_test.py
+DIR holds copies of Graphcore's files (see docs/upstream_tests.md): DIR/tests/*_test.py
 with their conftest.py and helpers.py, DIR/docs/user_guide/*.py, DIR/examples/*.py,
 and our shim DIR/conftest.py. Each test file runs in its own pytest process in
 DIR/tests (a time limit per file, --timeout), each example as a script in
