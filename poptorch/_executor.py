@@ -522,8 +522,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
 
     def _check_attached(self, what: str) -> None:
         if not self._attached:
-            raise Error(f"{what}: the model is not attached to the IPU (compile it by calling "
-                        f"it, or call attachToDevice())")
+            raise Error(f"Device is not attached: {what} needs the model on the IPU "  # PopTorch's words first
+                        "(compile it by calling it, or call attachToDevice())")
 
     def _check_grouping(self) -> None:
         if self.per_replica_params != self._grouped_as:

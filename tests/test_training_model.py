@@ -455,6 +455,8 @@ def test_detach_attach_and_destroy():
     ipu.detachFromDevice()
     assert torch.ipu.memory_allocated(0) < held
     assert not ipu.isAttachedToDevice()
+    with pytest.raises(RuntimeError, match="Device is not attached"):  # PopTorch's words
+        ipu.detachFromDevice()
     ipu.attachToDevice()
     ipu(*data(4, 1))
     reference_steps(reference, ref_optimizer, *data(4, 1), 1)
