@@ -32,6 +32,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import _C
+from ._dynamo_sgd import fuse_sgd_momentum
 from ._errors import Error
 from ._logging import logger
 from ._step_capture import _whole_step_capture
@@ -64,6 +65,7 @@ def ipu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: Option
         logger.info("torch.compile(backend=\"ipu\"): dynamo compiles a function again (compile "
                     "%s) because a guard failed; TORCH_LOGS=recompiles says which", compile_id)
     if not torch.is_grad_enabled() and not _sets_grad_mode(gm):
+        fuse_sgd_momentum(gm)  # the optimiser's step is such a graph
         replayed = ReplayedGraph(gm, example_inputs)
         return lambda *args: replayed(list(args))
     # Inference graphs write their inputs in place (an optimiser's step: the

@@ -4,6 +4,9 @@
 // gradient, step the parameter) plus small ops for the step counter and the
 // coefficients. A training step's update is memory-bound: each pass streams
 // the parameter-sized tensors through the cache again.
+// poptorch::torch_sgd_momentum_: the same pass for torch.optim.SGD's rule (no
+// step counter, lr and momentum constants), which the dynamo backend puts in
+// place of the three ops dynamo traces (poptorch/_dynamo_sgd.py).
 //
 // The op has a CPU kernel (what a replayed graph runs, and the host step of
 // poptorch.optim), a Meta kernel (so that capture records it as one node) and
@@ -26,19 +29,25 @@ void checkScalar(const at::Tensor& t, const char* name) {
               t.sizes());
 }
 
-void checkArguments(const at::Tensor& param, const at::Tensor& buffer, const at::Tensor& step,
-                    const at::Tensor& grad, const at::Tensor& lr, const at::Tensor& momentum,
-                    const std::optional<at::Tensor>& weight_decay) {
+void checkTensors(const char* op, const at::Tensor& param, const at::Tensor& buffer,
+                  const at::Tensor& grad) {
   // The gradient may come in another layout (a temporary the runtime keeps
   // channels-last, see compiler::Executable::flexible_layout).
   for (const at::Tensor* t : {&param, &buffer, &grad}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->sizes().equals(param.sizes()) &&
                     (t == &grad || t->is_contiguous()),
-                "sgd_momentum_: the parameter, its momentum buffer and its gradient must be "
+                op,
+                ": the parameter, its momentum buffer and its gradient must be "
                 "float32 tensors of one shape, the first two contiguous, got ",
                 t->scalar_type(), " of shape ", t->sizes(), " and strides ", t->strides(),
                 " for a parameter of shape ", param.sizes());
   }
+}
+
+void checkArguments(const at::Tensor& param, const at::Tensor& buffer, const at::Tensor& step,
+                    const at::Tensor& grad, const at::Tensor& lr, const at::Tensor& momentum,
+                    const std::optional<at::Tensor>& weight_decay) {
+  checkTensors("sgd_momentum_", param, buffer, grad);
   checkScalar(step, "step");
   checkScalar(lr, "lr");
   checkScalar(momentum, "momentum");
@@ -90,6 +99,17 @@ __attribute__((target_clones("arch=x86-64-v3", "default"))) void sgdRange(
   }
 }
 
+void sgdUpdate(const SgdCoefficients& c, const at::Tensor& param, const at::Tensor& buffer,
+               const at::Tensor& grad) {
+  float* p = param.mutable_data_ptr<float>();
+  float* b = buffer.mutable_data_ptr<float>();
+  const at::Tensor contiguous_grad = grad.contiguous();
+  const float* g = contiguous_grad.const_data_ptr<float>();
+  at::parallel_for(0, param.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    sgdRange(c, end - begin, p + begin, b + begin, g + begin);
+  });
+}
+
 void sgdMomentumCpu(const at::Tensor& param, const at::Tensor& buffer, const at::Tensor& step,
                     const at::Tensor& grad, const at::Tensor& lr, const at::Tensor& momentum,
                     const std::optional<at::Tensor>& weight_decay, double velocity_scaling,
@@ -104,14 +124,28 @@ void sgdMomentumCpu(const at::Tensor& param, const at::Tensor& buffer, const at:
   c.buffer_step = c.neg_lr / c.velocity_scaling;
   c.nesterov_momentum = c.momentum / c.velocity_scaling;
   c.nesterov = nesterov;
-  float* p = param.mutable_data_ptr<float>();
-  float* b = buffer.mutable_data_ptr<float>();
-  const at::Tensor contiguous_grad = grad.contiguous();
-  const float* g = contiguous_grad.const_data_ptr<float>();
-  at::parallel_for(0, param.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    sgdRange(c, end - begin, p + begin, b + begin, g + begin);
-  });
+  sgdUpdate(c, param, buffer, grad);
   *step.mutable_data_ptr<float>() += 1.0f;
+}
+
+// torch.optim.SGD's update with momentum, without dampening or Nesterov, in one
+// pass: buf = m buf + g; p -= lr buf (weight decay is in the gradient it gets). Its three ATen ops
+// (buf.mul_, add_, p.add_) are what the dynamo backend puts this in place of
+// (poptorch/_dynamo_sgd.py); lr and m are the constants dynamo traced them with.
+void torchSgdMomentumCpu(const at::Tensor& param, const at::Tensor& buffer, const at::Tensor& grad,
+                         double lr, double momentum) {
+  checkTensors("torch_sgd_momentum_", param, buffer, grad);
+  SgdCoefficients c{};
+  c.momentum = static_cast<float>(momentum);
+  c.velocity_scaling = 1.0f;
+  c.neg_lr = static_cast<float>(-lr);
+  c.buffer_step = c.neg_lr;
+  sgdUpdate(c, param, buffer, grad);
+}
+
+void torchSgdMomentumMeta(const at::Tensor& param, const at::Tensor& buffer, const at::Tensor& grad,
+                          double /*lr*/, double /*momentum*/) {
+  checkTensors("torch_sgd_momentum_", param, buffer, grad);
 }
 
 // Capture needs only the checks: the op returns nothing and changes no shape.
@@ -129,14 +163,24 @@ TORCH_LIBRARY_FRAGMENT(poptorch, m) {
       "sgd_momentum_(Tensor(a!) param, Tensor(b!) momentum_buffer, Tensor(c!) step, "
       "Tensor grad, Tensor lr, Tensor momentum, Tensor? weight_decay, float velocity_scaling, "
       "bool nesterov) -> ()");
+  m.def(
+      "torch_sgd_momentum_(Tensor(a!) param, Tensor(b!) momentum_buffer, Tensor grad, float lr, "
+      "float momentum) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(poptorch, CPU, m) { m.impl("sgd_momentum_", TORCH_FN(sgdMomentumCpu)); }
+TORCH_LIBRARY_IMPL(poptorch, CPU, m) {
+  m.impl("sgd_momentum_", TORCH_FN(sgdMomentumCpu));
+  m.impl("torch_sgd_momentum_", TORCH_FN(torchSgdMomentumCpu));
+}
 
-TORCH_LIBRARY_IMPL(poptorch, Meta, m) { m.impl("sgd_momentum_", TORCH_FN(sgdMomentumMeta)); }
+TORCH_LIBRARY_IMPL(poptorch, Meta, m) {
+  m.impl("sgd_momentum_", TORCH_FN(sgdMomentumMeta));
+  m.impl("torch_sgd_momentum_", TORCH_FN(torchSgdMomentumMeta));
+}
 
 TORCH_LIBRARY_IMPL(poptorch, ADInplaceOrView, m) {
   m.impl("sgd_momentum_", torch::autograd::autogradNotImplementedInplaceOrViewFallback());
+  m.impl("torch_sgd_momentum_", torch::autograd::autogradNotImplementedInplaceOrViewFallback());
 }
 
 }  // namespace poptorch::kernels
