@@ -26,6 +26,7 @@
 #include "runtime/executor.h"
 #include "runtime/program.h"
 #include "runtime/replica_buffers.h"
+#include "runtime/result_blocks.h"
 #include "runtime/step_runner.h"
 #include "runtime/step_variants.h"
 
@@ -378,10 +379,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_peak_memory_stats", &device::resetPeakMemoryAllocated);
   m.def("memory_capacity", &device::memoryCapacity);
   m.def(
-      "idle_arena_bytes", [] { return runtime::ArenaPool::get().idleBytes(); },
+      "idle_arena_bytes",
+      [] { return runtime::ArenaPool::get().idleBytes() + runtime::result_blocks::idleBytes(); },
       "Host bytes the runtime keeps for the temporaries of later runs.");
   m.def(
-      "empty_cache", [] { runtime::ArenaPool::get().clear(); },
+      "empty_cache",
+      [] {
+        runtime::ArenaPool::get().clear();
+        runtime::result_blocks::clear();
+      },
       "Frees the host memory the runtime keeps for the temporaries of later runs.");
   m.def("configure_ipus", &device::configure, py::arg("num_ipus"), py::arg("memory_per_ipu"));
   m.def("set_log_level", &setLogLevel);

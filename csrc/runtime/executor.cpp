@@ -25,6 +25,7 @@
 #include "runtime/arena.h"
 #include "runtime/guard_failure.h"
 #include "runtime/inter_op.h"
+#include "runtime/result_blocks.h"
 
 namespace poptorch::runtime {
 namespace {
@@ -117,6 +118,7 @@ class Run {
         seed_salt_(seed_salt),
         denormal_mode_of_call_(DenormalModeOfCall::current()),
         arena_(ArenaPool::get().acquire(exe.arena_bytes)) {
+    result_blocks::install();
     // The caller keeps the ipu storages alive while the run lasts: the host
     // views borrow their bytes without taking references.
     for (size_t b = 0; b < host_.size(); ++b) {
@@ -235,6 +237,7 @@ class Run {
     std::optional<WarningsDiscarded> given_at_call;
     if (source.warnings_at_call) given_at_call.emplace();
     noteWritten(node, op, f);
+    const result_blocks::Scope recycled_results;
     try {
       if (source.seed && node.generator_arg >= 0) {
         stack[node.generator_arg] = at::make_generator<at::CPUGeneratorImpl>(seedOf(source));
