@@ -59,6 +59,22 @@ def test_mixing_cpu_and_ipu_tensors_raises_like_cuda():
         torch.ones(3, device="ipu:0") + torch.ones(3, device="ipu:1")
 
 
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda ipu, cpu: torch.linalg.lstsq(ipu, cpu),  # its output shape depends on the data
+        lambda ipu, cpu: torch.linalg.lstsq(cpu, ipu),
+        lambda ipu, cpu: torch.masked_select(ipu, cpu > 0.5),
+    ],
+)
+def test_mixing_cpu_and_ipu_tensors_raises_in_ops_run_on_the_host(op):
+    """Ops the ipu runs on the host (their output shape depends on the data) get every argument
+    there: linalg.lstsq(ipu, cpu) ran without the error (PyTorch's test_linalg_lstsq_input_checks)."""
+    ipu, cpu = torch.rand(2, 2, 2, device="ipu"), torch.rand(2, 2, 2)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        op(ipu, cpu)
+
+
 def test_cpu_scalar_tensors_mix_with_ipu_tensors():
     result = torch.ones(3, device="ipu") + torch.tensor(2.0)
     assert torch.equal(result.cpu(), torch.full((3,), 3.0))

@@ -540,8 +540,14 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   checkResultIsStrided(op);
   const char* reason = neverCapturedReason(op);
   if (!reason) {
-    if (capture(op, traits, stack, /*allow_several_ipus=*/false)) return;
+    if (capture(op, traits, stack, /*allow_several_ipus=*/false)) return;  // devices checked
     reason = "its Meta kernel could not infer its outputs";
+  } else {
+    // The host kernel gets every argument on the host, so it cannot make the
+    // CPU's and CUDA's check that they share a device: make it here, as
+    // capture() does (linalg.lstsq(ipu, cpu) ran without an error).
+    deviceOf(op, traits, torch::jit::last(*stack, traits.args.size()),
+             /*allow_several_ipus=*/false);
   }
   // A step captured whole cannot break: the op joins it, guarded.
   if (capturingStep()) {
