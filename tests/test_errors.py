@@ -163,6 +163,8 @@ RUNTIME_FAILURES = {
     "gather": lambda d: torch.gather(torch.arange(4.0, device=d), 0, torch.tensor([7], device=d)),
     "index_select": lambda d: torch.index_select(torch.arange(4.0, device=d), 0,
                                                  torch.tensor([9], device=d)),
+    "index": lambda d: torch.arange(4.0, device=d)[torch.tensor([1, 9], device=d)],
+    "index, negative": lambda d: torch.ones(2, 3, device=d)[:, torch.tensor([-4], device=d)],
     "embedding": lambda d: torch.nn.functional.embedding(torch.tensor([[1, 5]], device=d),
                                                          torch.ones(3, 2, device=d)),
     "index_add_": lambda d: torch.ones(3, device=d).index_add_(0, torch.tensor([7], device=d),

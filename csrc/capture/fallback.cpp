@@ -471,9 +471,29 @@ bool capture(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::
   return true;
 }
 
-// Why `op` is never captured, whatever its arguments, or null.
-const char* neverCapturedReason(const c10::OperatorHandle& op) {
-  if (op.hasTag(at::Tag::dynamic_output_shape)) return "its output shape depends on the data";
+// Whether a call of an op tagged dynamic_output_shape has an output shape its
+// arguments' metadata fix after all. The tag is per operator: index.Tensor
+// carries it for boolean (and uint8) mask indices, which select as many
+// elements as are true; with integer indices only, its result is the broadcast
+// of the indices' shapes with the dimensions they do not index, which its Meta
+// kernel computes. An index out of range is found when the graph runs (the
+// CPU kernel's IndexError poisons the result, docs/architecture.md).
+bool shapeFixedByArguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  static const c10::OperatorName kIndex("aten::index", "Tensor");
+  if (op.operator_name() != kIndex) return false;
+  for (const c10::IValue& element : arguments[1].toListRef()) {
+    if (!element.isTensor() || !element.toTensor().defined()) continue;
+    const c10::ScalarType dtype = element.toTensor().scalar_type();
+    if (dtype == c10::ScalarType::Bool || dtype == c10::ScalarType::Byte) return false;
+  }
+  return true;
+}
+
+// Why `op` is not captured with `arguments`, or null.
+const char* uncapturedReason(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  if (op.hasTag(at::Tag::dynamic_output_shape) && !shapeFixedByArguments(op, arguments)) {
+    return "its output shape depends on the data";
+  }
   if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
     return "it has no Meta kernel to infer its output shape";
   }
@@ -538,7 +558,7 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   const OpTraits& traits = traitsOf(op);
   checkNotQuantized(op, traits, torch::jit::last(*stack, traits.args.size()));
   checkResultIsStrided(op);
-  const char* reason = neverCapturedReason(op);
+  const char* reason = uncapturedReason(op, torch::jit::last(*stack, traits.args.size()));
   if (!reason) {
     if (capture(op, traits, stack, /*allow_several_ipus=*/false)) return;  // devices checked
     reason = "its Meta kernel could not infer its outputs";
@@ -562,7 +582,8 @@ std::optional<std::vector<c10::IValue>> captureBorrowed(const c10::OperatorHandl
                                                         bool allow_several_ipus) {
   const OpTraits& traits = traitsOf(op);
   if (preparingChangesArguments(traits) ||
-      !op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) || neverCapturedReason(op)) {
+      !op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) ||
+      uncapturedReason(op, arguments)) {
     return std::nullopt;
   }
   checkNotQuantized(op, traits, arguments);
