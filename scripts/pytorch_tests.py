@@ -3,7 +3,7 @@
     python scripts/pytorch_tests.py DIR [test_view_ops.py ...]
 
 DIR holds PyTorch's test files (every DIR/test_*.py when none is named; see
-docs/testing.md for how to get them). Each file runs in its own pytest process,
+docs/pytorch_tests.md for how to get them). Each file runs in its own pytest process,
 with the ipu's test base (TORCH_TEST_DEVICES) and `-k ipu` (narrowed by
 --select), under a time limit (--timeout seconds); its verbose log goes to DIR/logs/FILE.log. Then the tests
 that failed on the ipu run again on the CPU: one that fails there too does not

@@ -118,7 +118,7 @@ def test_integer_inputs_promote_to_the_default_dtype_of_each_call(default):
     results = {}
     for d in ("cpu", "ipu"):
         # Each result is read under the default dtype of its call: the run still computes in
-        # the default dtype of the time it runs (docs/testing.md, "What float64 hid").
+        # the default dtype of the time it runs (docs/pytorch_tests.md, "What float64 hid").
         first = (a.to(d) / b.to(d)).cpu()  # float32: a signature seen before
         torch.set_default_dtype(default)
         try:

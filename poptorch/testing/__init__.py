@@ -2,7 +2,7 @@
 
 * ``DEVICE_TEST_BASE``: the file to name in ``TORCH_TEST_DEVICES`` so that
   PyTorch's ``instantiate_device_type_tests`` runs its device-generic tests on
-  the ipu (see ``docs/testing.md``)::
+  the ipu (see ``docs/pytorch_tests.md``)::
 
       TORCH_TEST_DEVICES=$(python -m poptorch.testing) \\
           python -m pytest test_view_ops.py -k ipu
