@@ -3,6 +3,7 @@ the op's call, not the one in force when the graph runs, and memory the CPU
 fills in that mode (new tensors, grown storages, resized out= tensors) holds
 the CPU's values."""
 import contextlib
+import threading
 from typing import Iterator, Tuple
 
 import pytest
@@ -117,3 +118,80 @@ def test_ops_run_on_the_ipu_with_python_dispatch_disabled():
         filled = torch.empty(2, 2, device="ipu").fill_(3.0)
     assert poptorch.metrics()["host_fallbacks"] == before
     assert_same((torch.index_select(x, 0, index), torch.full((2, 2), 3.0)), (result, filled))
+
+
+def _index_put_and_copy_of_repeated_indices(device):
+    """Graph of kernels that read the setting: index_copy, index_put with and
+    without accumulate (float sums whose order the setting decides)."""
+    g = torch.Generator().manual_seed(1)
+    indices = torch.randint(0, 500, (60000,), generator=g).to(device)
+    rows = torch.randn(60000, 3, generator=g).to(device)
+    target = torch.zeros(500, 3, device=device)
+    copied = target.index_copy(0, indices, rows)
+    put = target.index_put((indices,), rows)
+    summed = target.index_put((indices,), rows, accumulate=True)
+    return copied, put, summed
+
+
+def _sync_on_another_thread_while_reading_the_flag(pending) -> Tuple[set, list]:
+    """Syncs `pending` on a new thread; meanwhile this thread reads the flag."""
+    seen = set()
+    results = []
+    thread = threading.Thread(target=lambda: results.append([t.cpu() for t in pending]))
+    thread.start()
+    while thread.is_alive():
+        seen.add((torch.are_deterministic_algorithms_enabled(),
+                  torch.is_deterministic_algorithms_warn_only_enabled()))
+    thread.join()
+    return seen, results[0]
+
+
+def test_a_graph_captured_under_the_flag_runs_deterministically_without_setting_it():
+    """Synced after the setting was switched off, on another thread: the CPU's
+    deterministic values, and this thread never sees the flag set."""
+    with _deterministic():
+        expected = _index_put_and_copy_of_repeated_indices("cpu")
+        pending = _index_put_and_copy_of_repeated_indices("ipu")
+    seen, results = _sync_on_another_thread_while_reading_the_flag(pending)
+    assert seen == {(False, False)}
+    torch.testing.assert_close(tuple(results), expected, rtol=0, atol=0)
+
+
+def test_a_graph_captured_without_the_flag_runs_without_clearing_it():
+    pending = _index_put_and_copy_of_repeated_indices("ipu")
+    with _deterministic():
+        seen, results = _sync_on_another_thread_while_reading_the_flag(pending)
+        expected = _index_put_and_copy_of_repeated_indices("cpu")
+    assert seen == {(True, False)}
+    # Without the flag the order of repeated indices is unspecified: which
+    # row wins and the order of the sums may differ, the sets of values not.
+    copied, put, summed = results
+    for result, reference in ((copied, expected[0]), (put, expected[1])):
+        rows = {tuple(r) for r in reference.tolist()} | {(0.0, 0.0, 0.0)}
+        assert all(tuple(r) in rows for r in result.tolist())
+    torch.testing.assert_close(summed, expected[2])
+
+
+def _put_without_accumulate(device):
+    return torch.zeros(5, device=device).put_(torch.tensor([0, 3, 0], device=device),
+                                              torch.tensor([1.0, 2.0, 3.0], device=device))
+
+
+def test_an_op_that_the_flag_refuses_is_refused_at_its_call():
+    with _deterministic(), pytest.raises(RuntimeError, match="put_ does not have a deterministic"):
+        _put_without_accumulate("ipu")
+
+
+def test_an_op_the_flag_refuses_called_without_it_and_run_under_it_says_what_to_do():
+    """Its CPU kernel reads the setting as it runs, and the runtime does not set it."""
+    pending = _put_without_accumulate("ipu")
+    with _deterministic(), pytest.raises(RuntimeError, match=r"aten::put_ was called without.*Synchronise"):
+        pending.cpu()
+
+
+def test_an_op_the_flag_refuses_called_without_it_runs_under_warn_only():
+    pending = _put_without_accumulate("ipu")
+    expected = _put_without_accumulate("cpu")
+    with _deterministic(warn_only=True):
+        pending.cpu()
+    assert_same(expected, pending)

@@ -22,7 +22,7 @@ namespace poptorch::compiler {
 namespace {
 
 // Bumped whenever the trees below change.
-constexpr int64_t kFormatVersion = 4;
+constexpr int64_t kFormatVersion = 5;
 
 // --- the build ----------------------------------------------------------------
 
@@ -187,7 +187,7 @@ c10::IValue encodeNode(const ir::Node& node) {
                                  node.placement.ipu}),
        ints(std::vector<int64_t>{static_cast<int64_t>(node.matmul.split), node.matmul.factor,
                                  std::bit_cast<uint32_t>(node.matmul.available_memory)}),
-       static_cast<int64_t>(node.denormal_mode)});
+       static_cast<int64_t>(node.denormal_mode), node.deterministic, node.deterministic_warn_only});
 }
 
 c10::IValue encodeGraph(const ir::Graph& graph) {
@@ -351,7 +351,7 @@ c10::IValue decodeConstant(const Field& f) {
 }
 
 ir::Node decodeNode(const Field& f, const std::vector<ir::BufferInfo>& buffers) {
-  f.sized(14);
+  f.sized(16);
   ir::Node node(decodeOperator(f[0], f[1]));
   const c10::FunctionSchema& schema = node.op.schema();
   const Field inputs = f[3];
@@ -388,6 +388,8 @@ ir::Node decodeNode(const Field& f, const std::vector<ir::BufferInfo>& buffers) 
       std::bit_cast<float>(static_cast<uint32_t>(plan[2].integer(0, UINT32_MAX)));
   node.denormal_mode = static_cast<uint32_t>(f[13].integer(0, UINT32_MAX));
   if (!isDenormalMode(node.denormal_mode)) f[13].fail("is not a denormal mode");
+  node.deterministic = f[14].boolean();
+  node.deterministic_warn_only = f[15].boolean();
 
   const Field args = f[2].sized(schema.arguments().size());
   const auto num_inputs = static_cast<int64_t>(node.inputs.size());

@@ -43,6 +43,11 @@ std::string Node::name() const {
 
 bool Node::isNondeterministic() const { return op.hasTag(at::Tag::nondeterministic_seeded); }
 
+bool Node::sameStateOfCall(const Node& other) const {
+  return denormal_mode == other.denormal_mode && deterministic == other.deterministic &&
+         deterministic_warn_only == other.deterministic_warn_only;
+}
+
 namespace {
 
 // The argument index of a matrix multiplication's lhs (its rhs follows), or -1.

@@ -128,7 +128,8 @@ struct Node {
   int32_t generator_arg = -1;  // index of the op's Generator? argument, if any
   Guard guard = Guard::kNone;
   // torch.use_deterministic_algorithms(mode, warn_only=...) when the op was
-  // called: kernels read it when they run. Runtime data: not hashed.
+  // called: some kernels compute otherwise under it (see
+  // runtime/deterministic_algorithms.h). Hashed, as the denormal mode is.
   bool deterministic = false;
   bool deterministic_warn_only = false;
   // The calling thread's denormal mode (torch.set_flush_denormal) at the
@@ -150,6 +151,10 @@ struct Node {
   explicit Node(c10::OperatorHandle handle) : op(std::move(handle)) {}
   std::string name() const;
   bool isNondeterministic() const;
+  // True if the state of the call that kernels obey as they run (denormal
+  // mode, deterministic algorithms) is `other`'s: only then may passes merge
+  // or fuse the two nodes.
+  bool sameStateOfCall(const Node& other) const;
   // aten::mm, bmm, addmm, baddbmm or _addmm_activation (see matMulOperands).
   bool isMatMul() const;
   // A matrix multiplication's operands, as read: (lhs, rhs).

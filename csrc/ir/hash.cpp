@@ -80,9 +80,11 @@ uint64_t structuralHash(const Graph& graph) {
     h = hashCombine(h, hashString(name.name));
     h = hashCombine(h, hashString(name.overload_name));
     h = hashCombine(h, static_cast<uint64_t>(node.guard));
-    // Passes merge and fuse nodes of one denormal mode only: an executable of
-    // one graph must not serve another whose nodes' modes differ.
+    // Passes merge and fuse nodes of one state of the call only (denormal
+    // mode, deterministic algorithms): an executable of one graph must not
+    // serve another whose nodes' states differ.
     h = hashCombine(h, node.denormal_mode);
+    h = hashCombine(h, (node.deterministic ? 1u : 0u) | (node.deterministic_warn_only ? 2u : 0u));
     // Blocks decide where a node runs and whose memory it takes.
     const Placement& at = node.placement;
     for (int32_t v : {at.block, at.stage, at.phase, at.ipu}) h = hashCombine(h, v + 2);

@@ -17,8 +17,9 @@ struct VersionedInputs {
 };
 
 bool argsEqual(const ir::Node& a, const ir::Node& b) {
-  // Calls in other denormal modes compute other values from the same inputs.
-  if (a.args.size() != b.args.size() || a.denormal_mode != b.denormal_mode) return false;
+  // Calls in another denormal mode or deterministic-algorithms setting may
+  // compute other values from the same inputs.
+  if (a.args.size() != b.args.size() || !a.sameStateOfCall(b)) return false;
   for (size_t i = 0; i < a.args.size(); ++i) {
     const ir::Arg& x = a.args[i];
     const ir::Arg& y = b.args[i];

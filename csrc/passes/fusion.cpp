@@ -32,7 +32,7 @@ std::optional<ir::Node> biasedProduct(const ir::Node& mm, const ir::Node& add,
   const ir::TensorRef* self = tensorArg(add, 0);
   const ir::TensorRef* bias = tensorArg(add, 1);
   if (!is(add, "aten::add_", "Tensor") || add.guard != ir::Guard::kNone || add.args.size() != 3 ||
-      add.denormal_mode != mm.denormal_mode || self == nullptr || bias == nullptr ||
+      !add.sameStateOfCall(mm) || self == nullptr || bias == nullptr ||
       add.args[2].kind != ir::ArgKind::kRuntime ||
       add.writes != std::vector<ir::BufferId>{product.buffer} || self->buffer != product.buffer ||
       !self->coversWhole(nbytes) || self->sizes.empty() || self->sizes.back() != product.sizes[1] ||
@@ -117,9 +117,8 @@ ir::Graph fuseMatmulActivations(ir::Graph graph) {
       continue;
     }
     const ir::Node& relu = graph.nodes[r];
-    // The fused kernel computes in the product's denormal mode.
-    if (!is(relu, "aten::relu") || relu.outputs.size() != 1 ||
-        relu.denormal_mode != node.denormal_mode ||
+    // The fused kernel computes in the product's state of the call.
+    if (!is(relu, "aten::relu") || relu.outputs.size() != 1 || !relu.sameStateOfCall(node) ||
         !relu.inputs[0].coversWhole(product_buffer.nbytes)) {
       continue;
     }

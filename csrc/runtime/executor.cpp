@@ -1,7 +1,6 @@
 #include "runtime/executor.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Context.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/List.h>
 #include <ATen/core/stack.h>
@@ -23,6 +22,7 @@
 #include "ir/hash.h"
 #include "profiling/profiler.h"
 #include "runtime/arena.h"
+#include "runtime/deterministic_algorithms.h"
 #include "runtime/guard_failure.h"
 #include "runtime/inter_op.h"
 #include "runtime/result_blocks.h"
@@ -64,32 +64,6 @@ bool hasLayout(const at::Tensor& t, const ir::TensorRef& ref, c10::IntArrayRef s
          t.sizes().equals(ref.sizes) && t.strides().equals(strides) && t.is_conj() == ref.conj &&
          t.is_neg() == ref.neg;
 }
-
-// The kernel runs under the deterministic-algorithms setting of the op's call,
-// not the one in force when the graph happens to run.
-class DeterministicAlgorithmsAsCalled {
- public:
-  explicit DeterministicAlgorithmsAsCalled(const ir::Node& source)
-      : context_(at::globalContext()),
-        deterministic_(context_.deterministicAlgorithms()),
-        warn_only_(context_.deterministicAlgorithmsWarnOnly()),
-        changed_(source.deterministic != deterministic_ ||
-                 source.deterministic_warn_only != warn_only_) {
-    if (changed_)
-      context_.setDeterministicAlgorithms(source.deterministic, source.deterministic_warn_only);
-  }
-  ~DeterministicAlgorithmsAsCalled() {
-    if (changed_) context_.setDeterministicAlgorithms(deterministic_, warn_only_);
-  }
-  DeterministicAlgorithmsAsCalled(const DeterministicAlgorithmsAsCalled&) = delete;
-  DeterministicAlgorithmsAsCalled& operator=(const DeterministicAlgorithmsAsCalled&) = delete;
-
- private:
-  at::Context& context_;
-  bool deterministic_;
-  bool warn_only_;
-  bool changed_;
-};
 
 // What one node's call needs of its own: each thread running nodes has one.
 struct Frame {
@@ -232,7 +206,7 @@ class Run {
     const std::optional<c10::OperatorHandle>& out_variant = exe_.out_variant[index];
     if (out_variant) stack.push_back(output(node.outputs[0]));
     const c10::OperatorHandle& op = out_variant ? *out_variant : node.op;
-    const DeterministicAlgorithmsAsCalled deterministic(source);
+    const DeterministicAlgorithmsAsCalled deterministic(source, op, stack);
     const DenormalModeAs denormals(denormal_mode_of_call_.value_or(source.denormal_mode));
     std::optional<WarningsDiscarded> given_at_call;
     if (source.warnings_at_call) given_at_call.emplace();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "profiling/profiler.h"
+#include "runtime/kernel_threads.h"
 
 namespace poptorch::runtime {
 namespace {
@@ -161,20 +162,6 @@ class SecondThread {
   bool stopping_ = false;
   std::atomic<pid_t> owner_{0};  // the process that started the thread
   std::thread thread_;
-};
-
-// Sets this thread's kernels to `threads` threads while it lives.
-class KernelThreads {
- public:
-  explicit KernelThreads(int threads) : outer_(omp_get_max_threads()) {
-    omp_set_num_threads(threads);
-  }
-  ~KernelThreads() { omp_set_num_threads(outer_); }
-  KernelThreads(const KernelThreads&) = delete;
-  KernelThreads& operator=(const KernelThreads&) = delete;
-
- private:
-  int outer_;
 };
 
 }  // namespace

@@ -1,7 +1,5 @@
 #include "runtime/program.h"
 
-#include <ATen/Context.h>
-
 #include <algorithm>
 #include <chrono>
 
@@ -52,16 +50,6 @@ Program::Program(std::shared_ptr<const compiler::Executable> executable,
   }
   needs_calling_thread_ = needs_calling_thread_ || host_effects_;
   two_thread_ranges_ = needs_calling_thread_ ? nullptr : twoThreadRanges(*executable_);
-  if (two_thread_ranges_ != nullptr) {
-    deterministic_ = graph_->nodes.front().deterministic;
-    deterministic_warn_only_ = graph_->nodes.front().deterministic_warn_only;
-    const bool one_setting =
-        std::all_of(graph_->nodes.begin(), graph_->nodes.end(), [&](const ir::Node& node) {
-          return node.deterministic == deterministic_ &&
-                 node.deterministic_warn_only == deterministic_warn_only_;
-        });
-    if (!one_setting) two_thread_ranges_ = nullptr;
-  }
   if (split) exchanged_bytes_ = compiler::bytesExchangedBetweenIpus(executable_->program);
 }
 
@@ -138,13 +126,10 @@ std::exception_ptr Program::tryRun(uint64_t seed_salt) const {
 
 std::exception_ptr Program::execute(uint64_t seed_salt, OnError on_error) const {
   const auto start = std::chrono::steady_clock::now();
-  const at::Context& context = at::globalContext();
-  const bool inter_op = context.deterministicAlgorithms() == deterministic_ &&
-                        context.deterministicAlgorithmsWarnOnly() == deterministic_warn_only_;
-  std::exception_ptr error =
-      executable_->has_guards ? runGuarded(seed_salt, on_error)
-                              : runtime::execute(*executable_, *graph_, external_, seed_salt,
-                                                 on_error, inter_op ? two_thread_ranges_ : nullptr);
+  std::exception_ptr error = executable_->has_guards
+                                 ? runGuarded(seed_salt, on_error)
+                                 : runtime::execute(*executable_, *graph_, external_, seed_salt,
+                                                    on_error, two_thread_ranges_);
   countRun(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return error;
 }

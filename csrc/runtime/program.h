@@ -111,11 +111,8 @@ class Program {
   bool needs_calling_thread_ = false;
   bool host_effects_ = false;
   // Ranges whose independent nodes may run at the same time (see execute()),
-  // or null, when the deterministic-algorithms setting is the one every node
-  // was captured under.
+  // or null.
   const Ranges* two_thread_ranges_ = nullptr;
-  bool deterministic_ = false;
-  bool deterministic_warn_only_ = false;
   // Bytes a run moves between IPUs (compiler::bytesExchangedBetweenIpus).
   int64_t exchanged_bytes_ = 0;
 };

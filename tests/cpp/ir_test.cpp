@@ -73,6 +73,20 @@ TEST_F(HashTest, LivenessChangesTheHash) {
   EXPECT_NE(ir::structuralHash(a), ir::structuralHash(b));
 }
 
+TEST_F(HashTest, TheStateOfTheCallChangesTheHash) {
+  // Passes merge only nodes of one state, so executables must follow it.
+  const uint64_t plain = ir::structuralHash(step(0.1));
+  ir::Graph deterministic = step(0.1);
+  deterministic.nodes[0].deterministic = true;
+  ir::Graph warn_only = deterministic;
+  warn_only.nodes[0].deterministic_warn_only = true;
+  ir::Graph flushing = step(0.1);
+  flushing.nodes[0].denormal_mode = 0x8040;
+  EXPECT_NE(ir::structuralHash(deterministic), plain);
+  EXPECT_NE(ir::structuralHash(warn_only), ir::structuralHash(deterministic));
+  EXPECT_NE(ir::structuralHash(flushing), plain);
+}
+
 TEST_F(HashTest, ConstantsChangeTheHash) {
   EXPECT_NE(ir::hashConstant(c10::IValue(int64_t{1})), ir::hashConstant(c10::IValue(int64_t{2})));
   EXPECT_NE(ir::hashConstant(c10::IValue(std::vector<int64_t>{1, 2})),

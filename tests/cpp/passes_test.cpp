@@ -103,6 +103,21 @@ TEST(CommonSubexpressions, DoesNotMergeNodesPlannedDifferently) {
   EXPECT_EQ(passes::eliminateCommonSubexpressions(b.graph).nodes.size(), 3u);
 }
 
+TEST(CommonSubexpressions, DoesNotMergeNodesCalledInAnotherState) {
+  // A deterministic-algorithms setting (warn_only too) or a denormal mode of
+  // its own may make a kernel compute other values from the same inputs.
+  for (auto set : std::vector<void (*)(ir::Node&)>{
+           [](ir::Node& n) { n.deterministic = true; },
+           [](ir::Node& n) { n.deterministic = n.deterministic_warn_only = true; },
+           [](ir::Node& n) { n.denormal_mode = 0x8040; }}) {
+    auto [b, x, t1, t2, out] = TwoTemporaries();
+    b.square(x, t1);
+    set(b.square(x, t2));
+    b.add(t1, t2, out);
+    EXPECT_EQ(passes::eliminateCommonSubexpressions(b.graph).nodes.size(), 3u);
+  }
+}
+
 TEST(CommonSubexpressions, DoesNotMergeLiveResults) {
   GraphBuilder b;
   const auto x = b.buffer(4, true, true);
@@ -268,6 +283,12 @@ TEST(Fusion, KeepsAProductSomethingElseObserves) {
   LinearRelu read_twice;
   read_twice.b.square(read_twice.product, read_twice.b.buffer(6, false, true));
   EXPECT_EQ(passes::fuseMatmulActivations(read_twice.b.graph).nodes.size(), 3u);
+}
+
+TEST(Fusion, KeepsAProductAndAReluCalledInAnotherState) {
+  LinearRelu g;
+  g.b.graph.nodes[1].deterministic = true;
+  EXPECT_EQ(passes::fuseMatmulActivations(g.b.graph).nodes.size(), 2u);
 }
 
 // product = mm(x, w) on [2, 3], then product.add_(bias, alpha) on a [1, 2, 3]

@@ -129,8 +129,9 @@ void expectSameNode(const ir::Node& a, const ir::Node& b) {
   EXPECT_EQ(a.placement, b.placement);
   EXPECT_EQ(a.matmul, b.matmul);
   EXPECT_EQ(a.denormal_mode, b.denormal_mode);
-  // Run data: the deterministic-algorithms setting and observed values.
-  EXPECT_FALSE(b.deterministic || b.deterministic_warn_only);
+  EXPECT_EQ(a.deterministic, b.deterministic);
+  EXPECT_EQ(a.deterministic_warn_only, b.deterministic_warn_only);
+  // Run data: observed values.
   EXPECT_TRUE(b.observed.empty());
 }
 
