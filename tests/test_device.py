@@ -16,6 +16,82 @@ def test_factories_and_moves():
     assert torch.equal(y.to("ipu:1").to("ipu:0").cpu(), y)
 
 
+HOST = torch.arange(6.0).reshape(2, 3) - 2.5
+
+# Generic kernels re-run with a device argument: each must give the CPU's values on the
+# device it names (ipu:1 where named), from a host or a pending ipu source.
+MOVES = {
+    "_to_copy": lambda s, d: torch.ops.aten._to_copy(s, device=d),
+    "_to_copy with dtype": lambda s, d: torch.ops.aten._to_copy(s, dtype=torch.half, device=d),
+    "to non_blocking": lambda s, d: s.to(d, non_blocking=True),
+    "to a tensor": lambda s, d: s.to(torch.ones(1, dtype=torch.int32, device=d)),
+    "to with memory_format": lambda s, d: s[None, None].to(d, memory_format=torch.channels_last),
+    "copy_ non_blocking": lambda s, d: torch.zeros(2, 3, device=d).copy_(s, non_blocking=True),
+    "empty_like, zeroed": lambda s, d: torch.empty_like(s, device=d).zero_(),
+    "ones_like": lambda s, d: torch.ones_like(s, device=d),
+    "full_like": lambda s, d: torch.full_like(s, 7, device=d),
+    "new_zeros": lambda s, d: s.new_zeros((2, 2), device=d),
+    "new_full": lambda s, d: s.new_full((2,), 4.0, device=d),
+    "new_tensor": lambda s, d: s.new_tensor([1, 2], device=d),
+    "as_tensor": lambda s, d: torch.as_tensor(s, device=d),
+}
+
+
+@pytest.mark.parametrize("target", ["ipu", "ipu:1"])
+@pytest.mark.parametrize("pending", [False, True], ids=["host source", "pending ipu source"])
+@pytest.mark.parametrize("move", MOVES.values(), ids=MOVES.keys())
+def test_a_device_argument_gives_the_cpus_values_on_that_device(move, pending, target):
+    source = HOST.to("ipu") * 1 if pending else HOST
+    result = move(source, target)
+    expected = move(HOST, "cpu")
+    assert result.device == torch.device(target if ":" in target else "ipu:0")
+    assert result.dtype == expected.dtype and result.stride() == expected.stride()
+    torch.testing.assert_close(result.cpu(), expected)
+
+
+class _MakesTensorsOn(torch.nn.Module):
+    """Makes tensors on a device named in its code, as models written for one device do."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+        self.device = device
+
+    def forward(self, x):
+        d = self.device
+        made = (torch.zeros(2, 3, device=d) + x.new_zeros((2, 3), device=d) +
+                torch.empty_like(x, device=d).zero_() + torch.ones_like(x, device=d) *
+                torch.full((3,), 2.0, device=d) + torch.tensor([1.0, 2.0, 3.0], device=d) +
+                torch.arange(3, device=d) + torch.linspace(0, 1, 3).to(d, non_blocking=True) +
+                x.new_tensor([1.0, 1.0, 1.0], device=d) + torch.eye(3, device=d)[0])
+        moved = (x.to(made) + x.to(d, non_blocking=True) + torch.ops.aten._to_copy(x, device=d) +
+                 torch.ones(3).to(x) + x.new_ones(3).to(device=d, dtype=torch.half).float())
+        out = self.linear(made + moved)
+        return out.sum(), out
+
+
+def test_a_wrapped_model_making_tensors_on_the_ipu_matches_the_cpu():
+    torch.manual_seed(0)
+    model, reference = _MakesTensorsOn("ipu"), _MakesTensorsOn("cpu")
+    reference.load_state_dict(model.state_dict())
+    inputs = [torch.randn(2, 3) for _ in range(3)]
+    ipu = poptorch.inferenceModel(model)
+    for x in inputs:
+        torch.testing.assert_close(ipu(x), reference(x))
+    ipu.destroy()
+    ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for x in inputs:
+        loss, _ = ipu(x)
+        optimizer.zero_grad()
+        expected, _ = reference(x)
+        expected.backward()
+        optimizer.step()
+        torch.testing.assert_close(loss, expected.detach())
+    ipu.copyWeightsToHost()
+    torch.testing.assert_close(model.state_dict(), reference.state_dict())
+
+
 def test_item_tolist_print_and_numpy():
     t = torch.tensor([1.5, 2.5], device="ipu") * 2
     assert t.sum().item() == 8.0
