@@ -7,7 +7,7 @@ one set of device weights (training updates are seen by inference at once).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -56,12 +56,18 @@ class DeviceState:
         # (name, the dict its module keeps it in, its key there): where the
         # user may put another tensor under that name
         self._slots: List[Tuple[str, Dict[str, Optional[torch.Tensor]], str]] = []
+        # (name, the dict a module keeps its submodules in, a copy of it): the
+        # compiled step runs the submodules it was compiled with
+        self._children: List[Tuple[str, Dict[str, Any], Dict[str, Any]]] = []
         self.buffer_names: Set[str] = set()
         for prefix, module in model.named_modules(remove_duplicate=False):
             dot = f"{prefix}." if prefix else ""
             for slots in (module._parameters, module._buffers):  # pylint: disable=protected-access
                 self._slots += [(dot + key, slots, key) for key in slots if dot + key in self.host]
             self.buffer_names.update(dot + key for key in module._buffers)  # pylint: disable=protected-access
+            children = module._modules  # pylint: disable=protected-access
+            if children:
+                self._children.append((prefix, children, dict(children)))
         self.attach()
 
     def attach(self) -> None:
@@ -116,6 +122,7 @@ class DeviceState:
         (``module.weight = Parameter(t)``, a buffer assigned anew) since the
         last run, by name; the caller copies them to the device. What the
         compiled step cannot take is an error saying what to do."""
+        self._check_submodules()
         changed: Dict[str, torch.Tensor] = {}
         replaced = set()
         for name, slots, key in self._slots:
@@ -146,6 +153,22 @@ class DeviceState:
                             "param.copy_(new)), or wrap the model again with an optimizer of "
                             "its new parameters")
         return changed
+
+    def _check_submodules(self) -> None:
+        """A submodule replaced, added or removed after compiling (``model.fc = Linear(...)``)
+        is not in the compiled step, which would go on running the old one."""
+        for prefix, children, compiled in self._children:
+            if children == compiled:  # Module compares by identity
+                continue
+            key = sorted(k for k in children.keys() | compiled.keys()
+                         if children.get(k) is not compiled.get(k))[0]
+            name = f"{prefix}.{key}" if prefix else key
+            what = ("added" if key not in compiled else "removed" if key not in children
+                    else "replaced by another module")
+            raise Error(f"the model's submodule {name!r} was {what} after the model was "
+                        "compiled, and the compiled step runs the modules it was compiled "
+                        "with: call destroy() to compile it again (to give the same modules "
+                        "new weights, load them in place: model.load_state_dict(...))")
 
     def copy_to_host(self) -> None:
         _C.synchronize()

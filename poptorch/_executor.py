@@ -161,6 +161,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
                 self.attachToDevice()
             else:
                 self._copy_host_changes()
+                if self._step.hooks is not None:
+                    self._step.hooks.check()
                 if self._device_optimizer is not None:
                     self._device_optimizer.follow_host_changes()
                 if self._step.warnings is not None:  # the capturing call gave them

@@ -39,6 +39,7 @@ from ._replica_grouping import GroupedWeights
 from ._wrapper_options import MeanFactors
 from ._logging import logger
 from ._losses import LossRecorder, RunningOnIpu
+from ._parameter_hooks import ParameterHooks
 from ._ops import overlap_checks
 from ._ops.name_scope import module_name_scopes
 
@@ -114,6 +115,7 @@ class StepCapture:
         self._args = args  # the model's arguments, over the device inputs
         self._kwargs = kwargs
         self.trainable = state.parameters(model) if training else []
+        self.hooks = ParameterHooks(state.host) if training else None  # param.register_hook
         for p in self.trainable:
             p.requires_grad_(True)
         self.accumulators: Dict[int, torch.Tensor] = (
@@ -197,7 +199,8 @@ class StepCapture:
                 # not the host's (stale once the device has trained them).
                 with torch.nn.utils.stateless._reparametrize_module(
                         self.model, tensors, tie_weights=False, strict=False), \
-                        device_parameters(self.model, self._state.host, self._state.tensors):
+                        device_parameters(self.model, self._state.host, self._state.tensors), \
+                        self.hooks.on_device(self._state.tensors):
                     self._backward(recorder.loss(outputs))
             self._bind_outputs((outputs, self.anchors.values() if self.anchors else {}))
             del outputs

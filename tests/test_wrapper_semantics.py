@@ -464,6 +464,13 @@ HOST_CHANGES_A_STEP_CANNOT_TAKE = {
     "another dtype": (False, lambda m: m.half(), "torch.float16 tensor of shape"),
     "another shape": (False, lambda m: setattr(m.lin.weight, "data", torch.ones(3, 2)),
                       "of shape \\[3, 2\\]"),
+    # The step ran the old module, silently.
+    "a submodule replaced": (False, lambda m: setattr(m, "lin", torch.nn.Linear(3, 3)),
+                             "submodule 'lin' was replaced by another module.*destroy"),
+    "a submodule added": (True, lambda m: m.add_module("extra", torch.nn.ReLU()),
+                          "submodule 'extra' was added"),
+    "a gradient hook added": (True, lambda m: m.lin.bias.register_hook(lambda g: g * 0),
+                              "hooks on the model's parameter 'lin.bias' changed"),
 }
 
 
@@ -478,3 +485,45 @@ def test_a_host_change_the_compiled_step_cannot_take_is_an_error(case):
     change(model)
     with pytest.raises(poptorch.Error, match=message):
         wrapped(x)
+
+
+GRADIENT_HOOKS = {"zeroes": lambda g: g * 0, "clamps": lambda g: g.clamp(-0.01, 0.01),
+                  "observes": lambda g: None}
+
+
+@pytest.mark.parametrize("hook", GRADIENT_HOOKS.values(), ids=GRADIENT_HOOKS.keys())
+def test_gradient_hooks_on_parameters_change_the_training_step(hook):
+    # The step differentiated the device copies, and left the hooks on the host
+    # parameters out: a zeroed gradient still trained, silently.
+    # The second batch reads another value on the host: the hooks are in its variant too.
+    torch.manual_seed(0)
+    model = NormalisesAndReads()
+    reference = copy.deepcopy(model)  # which copies no hooks
+    for m in (model, reference):
+        m.lin.weight.register_hook(hook)
+        m.lin.bias.register_hook(lambda g: g * 3)
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    x = torch.rand(4, 3)
+    for batch in (x, x * 2, x):
+        loss = training(batch)
+        optimizer.zero_grad()
+        expected = reference(batch)
+        expected.backward()
+        optimizer.step()
+        torch.testing.assert_close(loss, expected.detach())
+    torch.testing.assert_close(model.state_dict(), reference.state_dict())
+    handle = model.lin.bias.register_hook(lambda g: g)
+    with pytest.raises(poptorch.Error, match="hooks on the model's parameter 'lin.bias' changed"):
+        training(x)
+    handle.remove()
+    training(x)
+
+
+def test_a_post_accumulate_grad_hook_is_an_error_in_a_training_model():
+    model = NormalisesAndReads()
+    model.lin.weight.register_post_accumulate_grad_hook(lambda p: None)
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="'lin.weight' has a hook that runs once its .grad "
+                       "is accumulated.*never fills .grad"):
+        training(torch.rand(4, 3))
