@@ -176,3 +176,25 @@ def test_ldexp_of_integer_exponents_is_the_cpus(dtype, variant):
         else:
             results[device] = mantissas.ldexp_(exponents)
     assert_same(results["cpu"], results["ipu"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda a: torch.linalg.cholesky_ex(a, check_errors=True),
+        lambda a: torch.linalg.inv_ex(a, check_errors=True),
+        lambda a: torch.linalg.solve_ex(a, torch.ones(3, device=a.device), check_errors=True),
+    ],
+)
+def test_check_errors_raises_at_the_call_as_on_the_cpu(op):
+    """The CPU raises the error the data gives at the call (CUDA synchronises for it); the ipu
+    raised it at the first read of a result (PyTorch's test_linalg test_cholesky_ex_non_pd)."""
+    errors = {}
+    for device in ("cpu", "ipu"):
+        singular = torch.eye(3, device=device)
+        singular[-1, -1] = 0
+        with pytest.raises(torch.linalg.LinAlgError) as error:
+            op(singular)  # no read of a result
+        errors[device] = str(error.value)
+    # The CPU's message, then where the ipu ran it.
+    assert errors["ipu"].startswith(errors["cpu"])

@@ -489,6 +489,16 @@ bool shapeFixedByArguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   return true;
 }
 
+// linalg.cholesky_ex(A, check_errors=True) and the other *_ex ops: asked to
+// raise an error that only the data can tell.
+bool checksErrors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  const std::vector<c10::Argument>& schema = op.schema().arguments();
+  for (size_t i = 0; i < schema.size() && i < arguments.size(); ++i) {
+    if (schema[i].name() == "check_errors" && arguments[i].isBool()) return arguments[i].toBool();
+  }
+  return false;
+}
+
 // Why `op` is not captured with `arguments`, or null.
 const char* uncapturedReason(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
   if (op.hasTag(at::Tag::dynamic_output_shape) && !shapeFixedByArguments(op, arguments)) {
@@ -560,7 +570,13 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   checkResultIsStrided(op);
   const char* reason = uncapturedReason(op, torch::jit::last(*stack, traits.args.size()));
   if (!reason) {
-    if (capture(op, traits, stack, /*allow_several_ipus=*/false)) return;  // devices checked
+    const bool checks_errors = checksErrors(op, torch::jit::last(*stack, traits.args.size()));
+    if (capture(op, traits, stack, /*allow_several_ipus=*/false)) {  // devices checked
+      // The CPU (and CUDA, which synchronises for it) raises the error the
+      // data gives at the call: run the graph now, outside a step capture.
+      if (checks_errors && !capturingStep()) synchronize();
+      return;
+    }
     reason = "its Meta kernel could not infer its outputs";
   } else {
     // The host kernel gets every argument on the host, so it cannot make the
