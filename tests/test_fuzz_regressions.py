@@ -219,6 +219,21 @@ def test_copy_into_overlapping_memory_is_refused_at_the_call(write):
             write(torch.arange(2.0, device=dev))
 
 
+@pytest.mark.parametrize("source", [
+    lambda t: t.view(torch.int32),  # the same bytes as another dtype (batch seed 55501236)
+    lambda t: t.view(2, 3).view(6),  # the same bytes through another view
+    lambda t: t,  # the tensor itself
+])
+def test_copy_from_the_same_bytes_in_the_same_order_is_allowed(source):
+    # The CPU refuses only a partial overlap: each element is read before it is written.
+    results = []
+    for dev in DEVICES:
+        t = torch.arange(6.0, device=dev) + 0.5
+        t.copy_(source(t))
+        results.append(t)
+    assert_same(results[0], results[1], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("n", [0, 2])
 def test_rsub_of_a_bool_tensor_is_refused_at_the_call(n):
     for dev in DEVICES:

@@ -224,22 +224,18 @@ const c10::OperatorHandle& copyOp() {
 }
 
 // The CPU's copy_ refuses a destination with several elements at one place,
-// or one sharing memory with a source that is not the very same view. Meta tensors have no memory
-// to compare, so capture checks the ipu tensors' storages (PyTorch's check reads data pointers,
+// or one sharing only part of its bytes with the source (its TensorIterator
+// refuses a partial overlap; the same bytes in the same order, even of
+// another dtype as in t.copy_(t.view(torch.int32)), are read and written
+// element by element). Meta tensors have no memory to compare, so capture
+// checks the ipu tensors' storages (PyTorch's check reads data pointers,
 // which a lazy storage lacks).
 void checkCopyOverlap(const at::Tensor& dst, const at::Tensor& src) {
   TORCH_CHECK(at::has_internal_overlap(dst) != at::MemOverlap::Yes,
               "unsupported operation: more than one element of the written-to tensor refers to "
               "a single memory location. Please clone() the tensor before performing the "
               "operation.");
-  const at::MemOverlapStatus overlap = storageOverlap(dst, src);
-  if (overlap == at::MemOverlapStatus::No || overlap == at::MemOverlapStatus::TooHard) return;
-  // Copying a tensor onto itself does nothing; any other overlap is refused.
-  const bool same_data =
-      overlap == at::MemOverlapStatus::Full && dst.storage_offset() == src.storage_offset() &&
-      dst.sizes().equals(src.sizes()) && dst.scalar_type() == src.scalar_type() &&
-      dst.is_conj() == src.is_conj() && dst.is_neg() == src.is_neg();
-  TORCH_CHECK(same_data,
+  TORCH_CHECK(storageOverlap(dst, src) != at::MemOverlapStatus::Partial,
               "unsupported operation: some elements of the input tensor and the written-to "
               "tensor refer to a single memory location. Please clone() the tensor before "
               "performing the operation.");
