@@ -234,6 +234,22 @@ def test_copy_from_the_same_bytes_in_the_same_order_is_allowed(source):
     assert_same(results[0], results[1], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("call", [
+    lambda t: torch.matmul(t, torch.ones(1, 2, device=t.device), out=t),  # batch seed 55501234
+    lambda t: torch.mm(t, torch.ones(1, 3, device=t.device), out=t),
+    lambda t: torch.sum(t, 0, out=t),
+])
+def test_an_out_tensor_resized_under_its_own_input_is_refused_at_the_call(call):
+    # The CPU reads the input after resizing it (its result is undefined: zeros here); the
+    # ipu raised at the run, naming a shape error the user did not make.
+    t = torch.full((1, 1), 3.0, device="ipu").t().t()
+    with pytest.raises(RuntimeError, match="shares memory with the input 'self' and the "
+                       "result resizes it"):
+        call(t)
+    assert t.shape == (1, 1)
+    assert_same(torch.full((1, 1), 3.0), t)
+
+
 @pytest.mark.parametrize("n", [0, 2])
 def test_rsub_of_a_bool_tensor_is_refused_at_the_call(n):
     for dev in DEVICES:

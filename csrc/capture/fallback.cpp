@@ -166,6 +166,29 @@ void checkResizedOut(const at::Tensor& out, const Layout& layout,
               c10::IntArrayRef(layout.sizes));
 }
 
+// Any other op's out= tensor that its result resizes and that shares bytes
+// with one of its inputs: the kernel would read that input resized under it
+// (the CPU computes from whatever the grown storage holds, an undefined
+// result), so the call is refused before anything is resized.
+void checkResizedOutIsNotAnInput(const at::Tensor& out, const Layout& layout,
+                                 c10::ArrayRef<c10::IValue> arguments,
+                                 const c10::FunctionSchema& schema) {
+  if (out.sizes().equals(layout.sizes)) return;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (!arguments[i].isTensor() || schema.arguments()[i].is_out()) continue;
+    const at::Tensor& input = arguments[i].toTensor();
+    if (!input.defined() || !input.is_ipu()) continue;
+    const at::MemOverlapStatus overlap = storageOverlap(out, input);
+    TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
+                schema.name(), ": the out= tensor shares memory with the input '",
+                schema.arguments()[i].name(), "' and the result resizes it from ", out.sizes(),
+                " to ", c10::IntArrayRef(layout.sizes),
+                ", so the kernel would read that input resized under it (on the CPU the "
+                "result is undefined). Pass an out= tensor that is not an input, or use the "
+                "returned tensor.");
+  }
+}
+
 // An out= argument the Meta kernel resized: give the ipu tensor the same
 // layout, growing its storage if needed.
 void mirrorLayout(const at::Tensor& ipu, const Layout& layout, PendingGraph& pending) {
@@ -311,10 +334,13 @@ std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& t
   node.denormal_mode = denormalMode();
   node.warnings_at_call = meta.warnings_at_call;
   node.scope = profiling::currentScope();
-  if (traits.pointwise) {
-    for (size_t i = 0; i < num_args; ++i) {
-      if (traits.args[i].is_out && arguments[i].isTensor() && arguments[i].toTensor().defined()) {
-        checkResizedOut(arguments[i].toTensor(), meta.written[i][0], arguments, schema);
+  for (size_t i = 0; i < num_args; ++i) {
+    if (traits.args[i].is_out && arguments[i].isTensor() && arguments[i].toTensor().defined()) {
+      const at::Tensor& out = arguments[i].toTensor();
+      if (traits.pointwise) {
+        checkResizedOut(out, meta.written[i][0], arguments, schema);
+      } else {
+        checkResizedOutIsNotAnInput(out, meta.written[i][0], arguments, schema);
       }
     }
   }

@@ -690,12 +690,19 @@ def _index_put(c: Chooser) -> Line:
 
 # ---- out= ---------------------------------------------------------------------------------
 
-def _out_tensor(c: Chooser, dtype: torch.dtype) -> Tuple[str, str]:
+def _out_tensor(c: Chooser, dtype: torch.dtype,
+                input_: Optional[torch.Tensor] = None) -> Tuple[str, str]:
     """Where an out= result goes: a fresh empty tensor (then it is the result), or a live
-    tensor (possibly a view, of another shape or dtype: it is resized, or refused)."""
+    tensor (possibly a view, of another shape or dtype: it is resized, or refused). With
+    `input_`, a live tensor sharing its storage is not chosen: a kernel that is not pointwise
+    reads that input resized under it (the CPU's result is undefined; the ipu refuses the call,
+    tests/test_fuzz_regressions.py)."""
     if c.flag():
         return f"torch.empty(0, dtype={DTYPE_NAMES[dtype]}, device=dev)", "fresh"
-    return c.tensor(), "live"
+    if input_ is None:
+        return c.tensor(), "live"
+    storage = input_.untyped_storage().data_ptr()
+    return c.tensor(lambda o: o.untyped_storage().data_ptr() != storage), "live"
 
 
 @op("out")
@@ -705,7 +712,8 @@ def _out(c: Chooser) -> Line:
     kind = c.pick(("add", "mul", "abs", "neg", "sum", "amax", "mean", "matmul", "cat", "where",
                    "clamp", "exp", "cumsum", "index_select", "arange", "linspace", "sort"))
     out, where = _out_tensor(c, t.dtype if kind not in ("arange", "linspace") else
-                             torch.float32)
+                             torch.float32,
+                             t if kind in ("sum", "amax", "mean", "matmul", "cumsum") else None)
     d = c.dim(t.dim())
     if kind in ("add", "mul"):
         call = f"torch.{kind}({a}, {c.rnd(broadcast_partner(c, t.shape), t.dtype)}, out={{}})"
