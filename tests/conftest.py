@@ -57,3 +57,19 @@ def train_beside_the_cpu(model: torch.nn.Module, batches: Iterable[Sequence[Any]
     for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
         torch.testing.assert_close(a, b, msg=name, **tolerances)
     return ipu
+
+
+def sgd_training_step(model: torch.nn.Module,
+                      **sgd_options: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """One classification training step of `model` with torch.optim.SGD (lr 0.05), as a
+    user writes it for torch.compile: zero_grad, forward, cross entropy, backward, step."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, **sgd_options)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step

@@ -11,7 +11,7 @@ import torch._dynamo
 from torch import nn
 
 import poptorch
-from conftest import train_beside_the_cpu
+from conftest import sgd_training_step, train_beside_the_cpu
 
 Inputs = Callable[[], Tuple[torch.Tensor, ...]]
 
@@ -97,19 +97,6 @@ def test_training_with_an_optimizer_matches_the_cpu(name):
     assert poptorch.metrics()["dynamo_replays"] >= 8  # a forward and a backward per step
 
 
-def _train_step(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step
-
-
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_a_whole_compiled_training_step_matches_the_cpu(name):
     # Dynamo breaks the graph at backward(): the forward and backward graphs and
@@ -118,8 +105,8 @@ def test_a_whole_compiled_training_step_matches_the_cpu(name):
     make_model, make_inputs = MODELS[name]
     reference = make_model()
     model = copy.deepcopy(reference).to("ipu")
-    ipu_step = torch.compile(_train_step(model), backend="ipu")
-    cpu_step = _train_step(reference)
+    ipu_step = torch.compile(sgd_training_step(model, momentum=0.9), backend="ipu")
+    cpu_step = sgd_training_step(reference, momentum=0.9)
     compiles = []
     for _ in range(4):
         (x,) = make_inputs()

@@ -4,7 +4,7 @@ the same rule, left as traced where it does not; against the CPU."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, List
+from typing import List
 
 import pytest
 import torch
@@ -13,6 +13,7 @@ from torch import nn
 
 import poptorch
 from poptorch import _dynamo_backend
+from conftest import sgd_training_step
 
 
 @pytest.fixture(autouse=True)
@@ -36,19 +37,6 @@ def fused(monkeypatch) -> List[int]:
     return counts
 
 
-def _step(model: nn.Module, options: Dict[str, Any]) -> Callable[..., torch.Tensor]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, **options)
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step
-
-
 # (optimiser options, updates fused in the steady step's graph: 4 parameters)
 RULES = {
     "momentum": ({"momentum": 0.9}, 4),
@@ -66,8 +54,8 @@ def test_a_compiled_sgd_step_matches_the_cpu(rule, fused):
     torch.manual_seed(0)
     reference = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 5))
     model = copy.deepcopy(reference).to("ipu")
-    ipu_step = torch.compile(_step(model, options), backend="ipu")
-    cpu_step = _step(reference, options)
+    ipu_step = torch.compile(sgd_training_step(model, **options), backend="ipu")
+    cpu_step = sgd_training_step(reference, **options)
     for _ in range(5):
         x, y = torch.randn(8, 12), torch.randint(0, 5, (8,))
         loss = ipu_step(x.to("ipu"), y.to("ipu"))

@@ -1,8 +1,9 @@
 """What a CPU kernel reads from process-wide state at the call, the ipu computes
 with the state of the call too, although the captured graph runs later, maybe on
 another thread: the default dtype (int / int, an int tensor times a Python float)."""
+import contextlib
 import threading
-from typing import Callable, Dict
+from typing import Callable, Dict, Iterator, Tuple
 
 import pytest
 import torch
@@ -14,6 +15,29 @@ def assert_same(expected, actual) -> None:
     """Bitwise, dtypes included (outputs of wrapped models are on the host)."""
     actual = [t.cpu() for t in actual] if isinstance(actual, (tuple, list)) else actual.cpu()
     torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """The default dtype for the block, float32 again after it."""
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def captured_under(default: torch.dtype,
+                   op: Callable[[str], torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """op("cpu") and op("ipu") called under `default`: the CPU's result, and the ipu's
+    still pending (it runs after the default was set back)."""
+    with default_dtype(default):
+        return op("cpu"), op("ipu")
+
+
+def on_inputs(case: str) -> Callable[[str], torch.Tensor]:
+    return lambda device: CASES[case](*inputs(device))
+
 
 # Each op computes in torch.get_default_dtype() on the CPU, from integer inputs.
 CASES: Dict[str, Callable[..., torch.Tensor]] = {
@@ -41,23 +65,11 @@ def inputs(device: str):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_an_op_computes_in_the_default_dtype_of_its_call(case, default):
     """Captured under one default dtype, run after it was set back: the CPU's values."""
-    op = CASES[case]
-    torch.set_default_dtype(default)
-    try:
-        expected = op(*inputs("cpu"))
-        pending = op(*inputs("ipu"))
-    finally:
-        torch.set_default_dtype(torch.float32)
-    assert_same(expected, pending)
+    assert_same(*captured_under(default, on_inputs(case)))
 
 
 def test_a_graph_run_on_another_thread_computes_in_the_default_of_the_call():
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        expected = CASES["div"](*inputs("cpu"))
-        pending = CASES["div"](*inputs("ipu"))
-    finally:
-        torch.set_default_dtype(torch.float32)
+    expected, pending = captured_under(torch.bfloat16, on_inputs("div"))
     results = {}
     thread = threading.Thread(target=lambda: results.update(ipu=pending.cpu()))
     thread.start()
@@ -68,13 +80,7 @@ def test_a_graph_run_on_another_thread_computes_in_the_default_of_the_call():
 def test_one_program_under_two_defaults_gives_each_call_its_own_result():
     """The executable of one default dtype is not reused for the other."""
     for default in (torch.bfloat16, torch.float32, torch.bfloat16, torch.float16):
-        torch.set_default_dtype(default)
-        try:
-            expected = (CASES["div"](*inputs("cpu")) + 1).sum()
-            pending = (CASES["div"](*inputs("ipu")) + 1).sum()
-        finally:
-            torch.set_default_dtype(torch.float32)
-        assert_same(expected, pending)
+        assert_same(*captured_under(default, lambda d: (on_inputs("div")(d) + 1).sum()))
 
 
 class Quotients(torch.nn.Module):
@@ -85,13 +91,10 @@ class Quotients(torch.nn.Module):
 def test_an_inference_model_computes_in_the_default_dtype_of_its_compilation():
     a, b, _ = inputs("cpu")
     model = poptorch.inferenceModel(Quotients())
-    torch.set_default_dtype(torch.bfloat16)
-    try:
+    with default_dtype(torch.bfloat16):
         expected = Quotients()(a, b)
         first = model(a, b)
         second = model(a, b)
-    finally:
-        torch.set_default_dtype(torch.float32)
     assert_same(expected, first)
     assert_same(expected, second)
     # Called under another default, the static graph would compute in the old one.
@@ -110,14 +113,7 @@ WITHOUT_INTEGER_INPUTS: Dict[str, Callable[[str], torch.Tensor]] = {
 
 @pytest.mark.parametrize("case", sorted(WITHOUT_INTEGER_INPUTS))
 def test_an_op_without_integer_inputs_computes_in_the_default_of_its_call(case):
-    op = WITHOUT_INTEGER_INPUTS[case]
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        expected = op("cpu")
-        pending = op("ipu")
-    finally:
-        torch.set_default_dtype(torch.float32)
-    assert_same(expected, pending)
+    assert_same(*captured_under(torch.bfloat16, WITHOUT_INTEGER_INPUTS[case]))
 
 
 def near_powers_of_two(device: str, dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -150,34 +146,20 @@ IN_PLACE: Dict[str, Callable[[str], torch.Tensor]] = {
 @pytest.mark.parametrize("case", sorted(IN_PLACE))
 def test_an_in_place_op_on_an_integer_tensor_computes_in_the_default_of_its_call(case, default):
     """Captured under one default, synced under float32: the CPU's values."""
-    op = IN_PLACE[case]
-    torch.set_default_dtype(default)
-    try:
-        expected = op("cpu")
-        pending = op("ipu")
-    finally:
-        torch.set_default_dtype(torch.float32)
-    assert_same(expected, pending)
+    assert_same(*captured_under(default, IN_PLACE[case]))
 
 
 def test_an_in_place_comparison_writes_its_view_and_nothing_else():
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        results = []
-        for device in ("cpu", "ipu"):
-            base = torch.stack([near_powers_of_two(device)] * 3)
-            base[1].lt_(256.3)
-            results.append(base)
-    finally:
-        torch.set_default_dtype(torch.float32)
-    assert_same(*results)
+    def write_the_middle_row(device: str) -> torch.Tensor:
+        base = torch.stack([near_powers_of_two(device)] * 3)
+        base[1].lt_(256.3)
+        return base
+
+    assert_same(*captured_under(torch.bfloat16, write_the_middle_row))
 
 
 def test_an_in_place_comparison_under_a_float64_default_is_refused():
     """The CPU computes in float64, which the ipu has not: the clear error, at the call."""
-    torch.set_default_dtype(torch.float64)
-    try:
-        with pytest.raises(TypeError, match="cannot hold Double.*torch.set_default_dtype"):
-            near_powers_of_two("ipu").lt_(256.3)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    with default_dtype(torch.float64), \
+            pytest.raises(TypeError, match="cannot hold Double.*torch.set_default_dtype"):
+        near_powers_of_two("ipu").lt_(256.3)
