@@ -139,9 +139,11 @@ def _sync_on_another_thread_while_reading_the_flag(pending) -> Tuple[set, list]:
     results = []
     thread = threading.Thread(target=lambda: results.append([t.cpu() for t in pending]))
     thread.start()
-    while thread.is_alive():
+    while True:  # at least one reading, however fast the sync
         seen.add((torch.are_deterministic_algorithms_enabled(),
                   torch.is_deterministic_algorithms_warn_only_enabled()))
+        if not thread.is_alive():
+            break
     thread.join()
     return seen, results[0]
 
