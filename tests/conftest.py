@@ -39,12 +39,17 @@ def run_python(code: str, env: Optional[Dict[str, str]] = None) -> subprocess.Co
 
 def train_beside_the_cpu(model: torch.nn.Module, batches: Iterable[Sequence[Any]],
                          loss_of: Callable[[Any], torch.Tensor] = lambda out: out,
-                         lr: float = 0.1, **tolerances: Any) -> Any:
+                         lr: float = 0.1,
+                         prepare: Callable[[torch.nn.Module], Any] = lambda m: None,
+                         **tolerances: Any) -> Any:
     """Trains `model` with trainingModel (SGD) and a copy of it on the CPU, one
     call and one CPU step per batch of inputs; asserts that every call's loss
     (`loss_of` picks it from the outputs) and the final weights and buffers
-    equal the CPU's. Returns the wrapped model."""
+    equal the CPU's. `prepare` is called on both models first (for what a deep
+    copy leaves out, such as hooks on tensors). Returns the wrapped model."""
     reference = copy.deepcopy(model)
+    prepare(model)
+    prepare(reference)
     ipu = poptorch.trainingModel(model, None, torch.optim.SGD(model.parameters(), lr=lr))
     optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
     for inputs in batches:
