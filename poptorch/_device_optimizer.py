@@ -20,6 +20,7 @@ import torch
 
 from . import _C
 from . import _loss_scaling
+from . import _optimizer_log
 from . import _update_rules as rules
 from . import optim as popoptim
 from ._errors import Error
@@ -75,6 +76,7 @@ class DeviceOptimizer:
         self.offline = offline
         self._reported: Set[str] = set()
         self._report_ignored(optimizer)
+        self._tracker = _optimizer_log.AttributeTracker(optimizer, relax_checks)
         self.variables = variable_attributes(optimizer, self.algorithm)
         self.groups: List[Tuple[List[torch.Tensor], Dict[str, Any]]] = []
         self.state: Dict[int, Dict[str, torch.Tensor]] = {}
@@ -102,6 +104,7 @@ class DeviceOptimizer:
         self._applied = _snapshot(self._compiled_values)  # the values the device has
         self._hooks: List[Any] = []
         self._attach(optimizer)
+        self._log_update(optimizer)
 
     def _report_ignored(self, optimizer: torch.optim.Optimizer) -> None:
         """Says once (WARN, or DEBUG with relaxOptimizerAttributesChecks) which
@@ -114,6 +117,35 @@ class DeviceOptimizer:
                                "the optimiser attribute '%s' (%r, param group %d) is ignored: "
                                "the IPU's %s update does not use it", name, value, index,
                                self.algorithm)
+
+    def _log_update(self, optimizer: torch.optim.Optimizer) -> None:
+        """PopTorch's DEBUG description of the update (see _optimizer_log):
+        the optimiser's defaults and each group's values, "(const)" for those
+        embedded in the captured update."""
+        if not logger.isEnabledFor(logging.DEBUG):
+            return
+        describe = _optimizer_log.describe
+        defaults = dict(rules.group_hyperparameters(self.algorithm, optimizer.defaults))
+        extras = {name: getattr(self, name) for name in _GLOBAL_ATTRIBUTES
+                  if getattr(self, name) is not None}
+        max_weight_norm = extras.pop("max_weight_norm", None)
+        if max_weight_norm is not None:  # LAMB's, a group value for PopTorch
+            defaults["max_weight_norm"] = max_weight_norm
+        defaults.update(extras)
+
+        def constant(name: str) -> bool:
+            return name not in self.variables
+
+        groups = []
+        for _, hyper in self.groups:
+            values = dict(hyper)
+            if max_weight_norm is not None:
+                values["max_weight_norm"] = max_weight_norm
+            groups.append(describe(optimizer, self.algorithm, values,
+                                   lambda name, values=values: not isinstance(
+                                       values[name], torch.Tensor)))
+        _optimizer_log.log_update(describe(optimizer, self.algorithm, defaults, constant,
+                                           prefix="default"), groups)
 
     def new_accumulator(self, param: torch.Tensor) -> torch.Tensor:
         """A zeroed gradient accumulator for ``param``, of the optimiser's ``accum_type``."""
@@ -212,11 +244,13 @@ class DeviceOptimizer:
                         "groups cannot be added (optimizer.add_param_group) or removed once "
                         "the model is compiled: give the optimiser every group before the "
                         "first call, or wrap the model again")
-        self._report_ignored(optimizer)
+        self._tracker.check(optimizer, _optimizer_log.type_name(optimizer, self.algorithm))
         new = self._constants(optimizer)
         for (index, name), value in new.items():
             target = getattr(self, name) if index < 0 else self.groups[index][1].get(name)
             if isinstance(target, torch.Tensor):
+                if name == "velocity_scaling":
+                    self._rescale_velocity(index, float(target), float(value))
                 target.copy_(torch.tensor(float(value)))  # a direct upload, no graph
             elif value != self._compiled_values.get((index, name)):
                 raise Error(f"{who}: '{name}' is a constant of the compiled optimiser "
@@ -227,8 +261,19 @@ class DeviceOptimizer:
         if optimizer is not self.optimizer:
             self.release()
             self._attach(optimizer)
+        if _snapshot(new) != self._applied:
+            self._log_update(optimizer)
         self._applied = _snapshot(new)
         _C.synchronize()
+
+    def _rescale_velocity(self, index: int, old: float, new: float) -> None:
+        """The velocity of group ``index`` is held times its velocity scaling:
+        a new scaling rescales it, so that the training goes on unchanged."""
+        if old == new:
+            return
+        _C.synchronize()
+        for p in self.groups[index][0]:
+            _C.host_alias(self.state[id(p)]["momentum_buffer"]).mul_(new / old)
 
     def follow_host_changes(self) -> None:
         """Before a run: hyper-parameters changed on the host optimiser (an LR

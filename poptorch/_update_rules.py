@@ -32,7 +32,8 @@ def algorithm_of(optimizer: torch.optim.Optimizer) -> str:
 
 # The hyper-parameters each rule reads from a param group (PopTorch's names).
 _RULE_KEYS = {
-    "sgd": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
+    # velocity_scaling: a group's (the combined variant's; else the optimiser's)
+    "sgd": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "velocity_scaling"),
     "adam": ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled_weight_decay"),
     "rmsprop": ("lr", "alpha", "eps", "weight_decay", "momentum", "centered"),
     "lamb": ("lr", "beta1", "beta2", "eps", "weight_decay"),
@@ -130,8 +131,8 @@ def update_parameter(algorithm: str, p: torch.Tensor, g: torch.Tensor,
                      state: Dict[str, torch.Tensor], h: Dict[str, Any], optimizer: Any) -> None:
     """One in-place update of parameter ``p`` from its (unscaled) gradient.
     ``g`` is scratch: the update may overwrite it."""
-    velocity_scaling = getattr(optimizer, "velocity_scaling", 1.0)
-    if algorithm == "sgd" and _sgd_momentum_fuses(p, g, state, h):
+    velocity_scaling = h.get("velocity_scaling", getattr(optimizer, "velocity_scaling", 1.0))
+    if algorithm == "sgd" and _sgd_momentum_fuses(p, g, state, h, velocity_scaling):
         _sgd_momentum_fused(p, g, state, h, velocity_scaling)
         return
     state["step"].add_(1)
@@ -196,12 +197,13 @@ def _is_float32_scalar_on(value: Any, device: torch.device) -> bool:
             (value.dtype == torch.float32 and value.numel() == 1 and value.device == device))
 
 
-def _sgd_momentum_fuses(p, g, state, h) -> bool:
+def _sgd_momentum_fuses(p, g, state, h, velocity_scaling) -> bool:
     """Whether ``poptorch::sgd_momentum_`` computes ``_sgd``'s update of ``p``:
-    momentum without dampening, float32 tensors of one shape on one device."""
+    momentum without dampening, float32 tensors of one shape on one device, a
+    constant velocity scaling."""
     buf, step = state["momentum_buffer"], state["step"]
     if _is_zero(h["momentum"]) or not _is_zero(h["dampening"]) or not isinstance(
-            h["nesterov"], bool):
+            h["nesterov"], bool) or isinstance(velocity_scaling, torch.Tensor):
         return False
     if any(t.dtype != torch.float32 or t.device != p.device or t.shape != p.shape or
            not t.is_contiguous() for t in (p, g, buf)):

@@ -189,6 +189,13 @@ class SGD(Optimizer, torch.optim.SGD):
             accum_type=_accum_type(accum_type, "accum_type"),
             velocity_accum_type=_accum_type(velocity_accum_type, "velocity_accum_type"),
             max_grad_norm=max_grad_norm)
+        if self.use_combined_accum:
+            # The combined variant's velocity scaling may differ between groups
+            # (the user guide's one per-group PopTorch attribute); a group added
+            # later (add_param_group) takes the default.
+            self.defaults["velocity_scaling"] = self.velocity_scaling
+            for group in self.param_groups:
+                group.setdefault("velocity_scaling", self.velocity_scaling)
 
 
 class Adam(Optimizer, torch.optim.Adam):
@@ -196,7 +203,8 @@ class Adam(Optimizer, torch.optim.Adam):
     ``max_grad_norm`` (global gradient clipping). ``amsgrad`` and ``maximize``
     are not supported."""
 
-    _attributes = ("lr", "beta1", "beta2", "eps", "weight_decay", "loss_scaling")
+    # amsgrad: only False, but passing it makes it a variable, as in PopTorch
+    _attributes = ("lr", "beta1", "beta2", "eps", "weight_decay", "loss_scaling", "amsgrad")
     _extras = ("loss_scaling", "accum_type", "first_order_momentum_accum_type",
                "second_order_momentum_accum_type", "max_grad_norm", "bias_correction")
 
@@ -232,7 +240,7 @@ class Adam(Optimizer, torch.optim.Adam):
                                                 torch.optim.AdamW else 0.0), **flags)
         self._setup_poptorch(
             dict(lr=lr, beta1=betas, beta2=betas, eps=eps, weight_decay=weight_decay,
-                 loss_scaling=loss_scaling),
+                 loss_scaling=loss_scaling, amsgrad=amsgrad),
             loss_scaling=_pick(loss_scaling, 1.0), accum_type=_accum_type(accum_type, "accum_type"),
             first_order_momentum_accum_type=_accum_type(first_order_momentum_accum_type,
                                                         "first_order_momentum_accum_type"),

@@ -45,7 +45,7 @@ def test_sgd_momentum_computes_the_rule(device, weight_decay, nesterov, velocity
     p, grad = p.to(device), grad.to(device)
     state = {name: t.to(device) for name, t in state.items()}
     h = hyper(weight_decay, nesterov, variable, device)
-    assert rules._sgd_momentum_fuses(p, grad, state, h)
+    assert rules._sgd_momentum_fuses(p, grad, state, h, velocity_scaling)
     rules._sgd_momentum_fused(p, grad, state, h, velocity_scaling)
     torch.testing.assert_close(p.cpu(), expected_p, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(state["momentum_buffer"].cpu(), expected_state["momentum_buffer"],
@@ -125,14 +125,18 @@ def test_sgd_momentum_reads_a_gradient_in_another_layout():
     torch.testing.assert_close(p, expected_p, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("change", ["dampening", "half_buffer", "transposed_grad"])
+@pytest.mark.parametrize("change", ["dampening", "half_buffer", "transposed_grad",
+                                    "variable_velocity_scaling"])
 def test_what_the_kernel_does_not_compute_takes_the_rule(change):
     p, state, grad = sgd_state(0)
     h = hyper(0.0, False, ())
-    if change == "dampening":
+    velocity_scaling = 1.0
+    if change == "variable_velocity_scaling":  # a group's, changed by setOptimizer
+        velocity_scaling = torch.tensor(2.0)
+    elif change == "dampening":
         h["dampening"] = 0.1
     elif change == "half_buffer":
         state["momentum_buffer"] = state["momentum_buffer"].half()
     else:
         grad = grad.t().contiguous().t()
-    assert not rules._sgd_momentum_fuses(p, grad, state, h)
+    assert not rules._sgd_momentum_fuses(p, grad, state, h, velocity_scaling)
