@@ -163,3 +163,36 @@ def test_an_in_place_comparison_under_a_float64_default_is_refused():
     with default_dtype(torch.float64), \
             pytest.raises(TypeError, match="cannot hold Double.*torch.set_default_dtype"):
         near_powers_of_two("ipu").lt_(256.3)
+
+
+def wrapping_pair(device: str, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Integers whose sums, differences and products leave `dtype`'s range."""
+    a = torch.tensor([5, 100, 127, 0, 77], dtype=dtype)
+    b = torch.tensor([8, 100, 3, 1, 90], dtype=dtype)
+    return a.to(device), b.to(device)
+
+
+def float32_out(device: str) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.float32, device=device)
+
+
+# A floating-point out= tensor does not make an op of integer tensors compute in
+# the default dtype: it computes in its inputs' dtype, then converts into out=
+# (sub of uint8 5 and 8 is 253.0 on the CPU, not -3.0).
+INTEGERS_INTO_FLOAT_OUT: Dict[str, Callable[[str], torch.Tensor]] = {
+    "sub_uint8": lambda d: torch.sub(*wrapping_pair(d, torch.uint8), out=float32_out(d)),
+    "add_int8": lambda d: torch.add(*wrapping_pair(d, torch.int8), out=float32_out(d)),
+    "mul_uint8": lambda d: torch.mul(*wrapping_pair(d, torch.uint8), out=float32_out(d)),
+    "sub_scalar_uint8": lambda d: torch.sub(wrapping_pair(d, torch.uint8)[0], 9,
+                                            out=float32_out(d)),
+    "sum_int64": lambda d: torch.sum(near_powers_of_two(d), 0, out=float32_out(d)),
+    # These do compute in the default dtype, out= or not.
+    "div_uint8": lambda d: torch.div(*wrapping_pair(d, torch.uint8), out=float32_out(d)),
+    "gt_python_float": lambda d: torch.gt(near_powers_of_two(d), 256.3, out=float32_out(d)),
+}
+
+
+@pytest.mark.parametrize("default", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", sorted(INTEGERS_INTO_FLOAT_OUT))
+def test_integer_inputs_into_a_float_out_compute_as_on_the_cpu(case, default):
+    assert_same(*captured_under(default, INTEGERS_INTO_FLOAT_OUT[case]))

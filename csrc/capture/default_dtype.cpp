@@ -87,12 +87,62 @@ std::vector<c10::IValue> castMetaTwins(c10::ArrayRef<c10::IValue> arguments,
   });
 }
 
+// True if one of `arguments` is a Python float.
+bool anyPythonFloat(c10::ArrayRef<c10::IValue> arguments) {
+  return std::any_of(arguments.begin(), arguments.end(), [](const c10::IValue& value) {
+    return value.isDouble() ||
+           (value.isTensor() && value.toTensor().defined() && isWrappedNumber(value.toTensor()) &&
+            c10::isFloatingType(value.toTensor().scalar_type()));
+  });
+}
+
+// True if an out= call of `op` computes in an integer dtype although its
+// floating-point out= tensors made `result` floating: the kernel computes in
+// the dtype its inputs give, then converts into out=, so sub(a, b, out=f) of
+// uint8 tensors computes 5 - 8 in uint8 (253), where a cast of a and b gives
+// -3. An op that takes out= tensors of its integer inputs' promoted dtype
+// computes in it (TensorIterator refuses to convert a floating-point
+// computation into an integer out=); div(a, b, out=) does not. A pointwise op
+// with a Python float computes in the default dtype whatever out= takes
+// (gt(a, 0.5, out=) compares in it).
+bool computesInIntegers(const c10::OperatorHandle& op, const OpTraits& traits,
+                        c10::ArrayRef<c10::IValue> arguments, uint64_t integers,
+                        const MetaRunner& infer) {
+  std::optional<c10::ScalarType> inputs;
+  uint64_t floating_outs = 0;
+  for (size_t i = 0; i < arguments.size() && i < traits.args.size() && i < kMaxArguments; ++i) {
+    if (integers >> i & 1) {
+      const c10::ScalarType dtype = arguments[i].toTensor().scalar_type();
+      inputs = inputs ? c10::promoteTypes(*inputs, dtype) : dtype;
+    } else if (traits.args[i].is_out && arguments[i].isTensor() &&
+               arguments[i].toTensor().defined() &&
+               c10::isFloatingType(arguments[i].toTensor().scalar_type())) {
+      floating_outs |= uint64_t{1} << i;
+    }
+  }
+  if (!inputs || floating_outs == 0 || (traits.pointwise && anyPythonFloat(arguments))) {
+    return false;
+  }
+  std::vector<c10::IValue> probe(arguments.begin(), arguments.end());
+  for (size_t i = 0; i < probe.size() && i < kMaxArguments; ++i) {
+    if (!(floating_outs >> i & 1)) continue;
+    const at::Tensor& out = arguments[i].toTensor();
+    probe[i] = at::empty_strided(out.sizes(), out.strides(),
+                                 out.options().device(c10::kMeta).dtype(*inputs));
+  }
+  return infer(op, probe).has_value();
+}
+
 // The casts of a call of `op` itself (see defaultDtypeCasts).
 DefaultDtypeCasts castsOfTheOp(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                                const MetaResult& result, const MetaRunner& infer) {
   uint64_t integers = 0;
   uint64_t bools = 0;
-  if (!integerInputs(traitsOf(op), arguments, result, &integers, &bools)) return {};
+  const OpTraits& traits = traitsOf(op);
+  if (!integerInputs(traits, arguments, result, &integers, &bools) ||
+      computesInIntegers(op, traits, arguments, integers, infer)) {
+    return {};
+  }
   const c10::ScalarType dtype = c10::typeMetaToScalarType(c10::get_default_dtype());
   // Bool tensors too (`mask / 2`), unless the op takes them as conditions
   // (where(mask, a, 0.5)), which a cast breaks.
@@ -129,15 +179,6 @@ std::optional<c10::OperatorHandle> outOfPlaceTwin(const c10::OperatorHandle& op)
     if (*twin_schema.arguments()[i].type() != *schema.arguments()[i].type()) return std::nullopt;
   }
   return twin;
-}
-
-// True if one of `arguments` is a Python float.
-bool anyPythonFloat(c10::ArrayRef<c10::IValue> arguments) {
-  return std::any_of(arguments.begin(), arguments.end(), [](const c10::IValue& value) {
-    return value.isDouble() ||
-           (value.isTensor() && value.toTensor().defined() && isWrappedNumber(value.toTensor()) &&
-            c10::isFloatingType(value.toTensor().scalar_type()));
-  });
 }
 
 // The casts of an in-place call on an integer (or bool) tensor through its
