@@ -106,7 +106,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         self._step: Optional[StepCapture] = None
         self._micro_step: Optional[Any] = None
         self._replica_buffers: Optional[Any] = None  # broadcastBuffers(False)
-        self._update: Optional[Any] = None
+        self._update: Optional[Any] = None  # the first update program
+        self._updates: Optional[Any] = None  # the update per set of variants (UpdateVariants)
         # The modelled peak of the step and update programs on each IPU
         self._peaks: Dict[str, List[int]] = {}
         # Replica-grouped weights, as PopTorch names them: parameter name ->
@@ -268,7 +269,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
             self._device_optimizer.release()  # the host optimiser keeps the state
         self._state.detach()
         self._device_optimizer = None
-        self._micro_step = self._update = self._step = self._replica_buffers = None
+        self._micro_step = self._update = self._updates = self._step = None
+        self._replica_buffers = None
         self._before_update = self._grouped = None
         self._attached = False
 
@@ -509,10 +511,11 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         self._replica_buffers = _buffers.replica_buffers(
             self._model, self._state.tensors, self._micro_step, self._options.replication_factor,
             self._options.broadcast_buffers)
-        self._update = None
+        self._update = self._updates = None
         self._before_update = None
         if accumulate:
-            self._update = step.update(mean.update)
+            self._updates = step.update_variants(mean.update, processes)
+            self._update = step.update(step.received[0], mean.update)
             if processes is not None:
                 self._before_update = processes.gradient_reduction(step.accumulators.values())
         self._attached = True
@@ -552,7 +555,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
                 (mode, o.output_return_period), len(step.device_outputs))]
         timeline = _C.StepTimeline()
         with self._lookup_scope(), self._profiled():  # a failed guard captures the step again
-            results = iter(_C.run_steps(self._micro_step, self._update, step.device_inputs,
+            results = iter(_C.run_steps(self._micro_step, self._updates, step.device_inputs,
                                         host_inputs, step.device_outputs, o.device_iterations,
                                         self._accumulation, o.replication_factor, native[mode],
                                         o.output_return_period, seed, gathers,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -139,12 +139,13 @@ class StepCapture:
         # TORCH_WARN_ONCE's): each later call of the model gives them, as each
         # call on the CPU does. None when there are none.
         self.warnings: Optional[Any] = None
-        # The accumulators that take a gradient in some variant of the step,
-        # and those the update was captured for (None before): as torch.optim
-        # skips a parameter whose .grad is None, the update leaves the others
-        # alone (no weight decay, no momentum).
-        self.received: Set[int] = set()
-        self.updated: Optional[Set[int]] = None
+        # The accumulators each variant gives a gradient to, by capture index,
+        # and the update captured for each set of them: torch.optim skips a
+        # parameter whose .grad is None, so an iteration updates only those
+        # its micro-batches' variants trained (no weight decay, no momentum
+        # for the others; see UpdateVariants).
+        self.received: List[FrozenSet[int]] = []
+        self._updates: Dict[FrozenSet[int], Any] = {}
 
     def _swapped_tensors(self) -> Dict[str, torch.Tensor]:
         """The device tensors by name, each module attribute under one name: a module
@@ -201,7 +202,9 @@ class StepCapture:
                         self.model, tensors, tie_weights=False, strict=False), \
                         device_parameters(self.model, self._state.host, self._state.tensors), \
                         self.hooks.on_device(self._state.tensors):
-                    self._backward(recorder.loss(outputs))
+                    received = self._backward(recorder.loss(outputs))
+            else:
+                received = frozenset()
             self._bind_outputs((outputs, self.anchors.values() if self.anchors else {}))
             del outputs
             program = _C.prepare_program()
@@ -212,30 +215,40 @@ class StepCapture:
         # the modelled peak of its temporaries on each IPU
         self.placements = program.placements()
         self.temporary_peaks = program.temporary_peaks()
+        self.received.append(received)
         self.variants += 1
         return program
 
-    def update(self, scale: float) -> Any:
-        """Captures the optimiser update from the accumulators; returns its program."""
-        self.updated = set(self.received)
-        received = {key: acc for key, acc in self.accumulators.items() if key in self.updated}
+    def update(self, received: FrozenSet[int], scale: float) -> Any:
+        """The program of the optimiser update of the accumulators in
+        ``received`` (captured the first time)."""
+        program = self._updates.get(received)
+        if program is not None:
+            return program
+        accumulators = {key: acc for key, acc in self.accumulators.items() if key in received}
         with self._seeded(), _whole_step_capture(), outside_blocks():
-            self.optimizer.capture_update(received, scale, accumulated=True)
+            self.optimizer.capture_update(accumulators, scale, accumulated=True)
             with torch.no_grad():
                 for count in self.counts.values():
                     count.zero_()
-            return _C.prepare_program()
+            program = _C.prepare_program()
+        self._updates[received] = program
+        return program
 
-    def _note_received(self, gradients: Dict[int, torch.Tensor]) -> None:
-        new = gradients.keys() - self.received
-        if new and self.updated is not None:
-            names = [name for name, t in self._state.tensors.items() if id(t) in new]
-            raise Error(f"a new variant of the training step (captured again because a value "
-                        f"read on the host changed) gives gradients to {names}, which the "
-                        "variants before did not train: the update of the accumulated "
-                        "gradients was compiled without them. Make every branch of the model "
-                        "reach the same parameters, or use gradientAccumulation(1).")
-        self.received |= new
+    def update_variants(self, scale: float, processes: Any = None) -> Any:
+        """The updates to run after an iteration, chosen by the variants that
+        ran in it. With replicas in other processes (a ProcessReplicas), a
+        parameter trained in any process is updated in all of them."""
+        def choose(ran: Sequence[int]) -> Any:
+            received = frozenset().union(*(self.received[i] for i in ran))
+            if processes is not None:
+                flags = torch.tensor([id(p) in received for p in self.trainable])
+                flags = processes.any_of(flags)
+                received = frozenset(id(p) for p, f in zip(self.trainable, flags) if f)
+            return self.update(received, scale)
+
+        return _C.UpdateVariants(self.update(self.received[0], scale), choose,
+                                 processes is not None)
 
     @contextlib.contextmanager
     def _seeded(self) -> Iterator[None]:
@@ -258,7 +271,9 @@ class StepCapture:
                     self.variants + 1, reason, site)
         return self.micro_step()
 
-    def _backward(self, loss: torch.Tensor) -> None:
+    def _backward(self, loss: torch.Tensor) -> FrozenSet[int]:
+        """Captures the backward pass and the accumulation (or update) of the
+        gradients; returns the accumulators that take one."""
         grads = []
         if self.trainable and loss.requires_grad:
             if loss.dim() != 0:
@@ -280,9 +295,8 @@ class StepCapture:
                 logger.warning("the loss of the training model depends on no parameter that "
                                "requires grad: each step runs the forward pass and updates "
                                "no weight")
-            return
+            return frozenset()
         if self.accumulators:
-            self._note_received(gradients)
             with torch.no_grad():
                 for key, g in gradients.items():
                     acc = self.accumulators[key]
@@ -293,6 +307,7 @@ class StepCapture:
                         acc.add_(g.to(acc.dtype))
         else:
             self.optimizer.capture_update(gradients, 1.0, accumulated=False)
+        return frozenset(gradients)
 
     def _on_device(self, output: torch.Tensor) -> torch.Tensor:
         """An output the model computed on the host (from a plain tensor

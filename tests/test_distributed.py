@@ -185,3 +185,29 @@ def test_an_async_collective_fails_at_wait_when_a_process_dies_or_hangs(mode, lo
     found = re.search(r"rank 0 failed after ([0-9.]+) s", result.stdout)
     assert found, result.stdout
     assert low <= float(found.group(1)) <= high, result.stdout
+
+
+def test_a_parameter_trained_in_one_process_is_updated_in_all(tmp_path):
+    """Accumulating over variants of the step, a parameter is updated when a
+    micro-batch of any process gave it a gradient, and in no process when
+    none did (with momentum and weight decay), as on the CPU over all the
+    micro-batches; the processes keep equal weights."""
+    from dist_scripts import branching_training as script
+    from test_accumulation_skips_unused import OPTIMIZERS, Branching
+
+    result = torchrun("branching_training.py", str(tmp_path / "out.pt"))
+    _check(result)
+    weights = torch.load(tmp_path / "out.pt")
+    torch.manual_seed(0)
+    model = Branching()
+    optimizer = OPTIMIZERS["sgd"](model.parameters())
+    micro_batches = 2 * script.ACCUMULATION
+    for step in range(len(script.FLAGS)):
+        optimizer.zero_grad()
+        for x, y, use in zip(*(t.chunk(micro_batches) for t in script.batches(step))):
+            (model(x, y, use)[1] / micro_batches).backward()
+        optimizer.step()
+    for rank, got in enumerate(weights):
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6,
+                                       msg=f"{name} rank {rank}")

@@ -29,6 +29,7 @@
 #include "runtime/result_blocks.h"
 #include "runtime/step_runner.h"
 #include "runtime/step_variants.h"
+#include "runtime/update_variants.h"
 
 namespace py = pybind11;
 
@@ -98,7 +99,7 @@ std::shared_ptr<runtime::Program> prepareProgram() {
 // `output_gathers`: (output mode, return period) per device output, or empty
 // for `output_mode` and `return_period` for all. `before_update` (may be None)
 // runs before each update, holding the GIL (pybind11 takes it to call Python).
-std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, const runtime::Program* update,
+std::vector<at::Tensor> runSteps(runtime::StepVariants& micro_step, runtime::UpdateVariants* update,
                                  const std::vector<at::Tensor>& device_inputs,
                                  const std::vector<at::Tensor>& host_inputs,
                                  const std::vector<at::Tensor>& device_outputs, int64_t iterations,
@@ -180,6 +181,19 @@ runtime::StepVariants makeStepVariants(std::shared_ptr<runtime::Program> first,
     py::gil_scoped_acquire gil;
     return (*shared)(failure.site, failure.what()).cast<std::shared_ptr<runtime::Program>>();
   });
+}
+
+// The update chosen by a Python function of the variants that ran.
+runtime::UpdateVariants makeUpdateVariants(std::shared_ptr<runtime::Program> first,
+                                           py::function choose, bool choose_every_time) {
+  auto shared = std::make_shared<py::function>(std::move(choose));
+  return runtime::UpdateVariants(
+      std::move(first),
+      [shared](const std::vector<size_t>& ran) {
+        py::gil_scoped_acquire gil;
+        return (*shared)(ran).cast<std::shared_ptr<runtime::Program>>();
+      },
+      choose_every_time);
 }
 
 // A Meta kernel written in Python that raised KeyboardInterrupt, SystemExit
@@ -518,6 +532,12 @@ PYBIND11_MODULE(_C, m) {
             return step.writes(tensor.storage().unsafeGetStorageImpl());
           },
           "True if a variant writes the storage of `tensor` in place.");
+  py::class_<runtime::UpdateVariants, std::shared_ptr<runtime::UpdateVariants>>(
+      m, "UpdateVariants",
+      "The optimiser update after an iteration, per set of micro-step variants that ran in it: "
+      "`choose(ran)` returns the program for the variants `ran` (capture indices).")
+      .def(py::init(&makeUpdateVariants), py::arg("first"), py::arg("choose"),
+           py::arg("choose_every_time"));
   py::class_<compiler::ExecutableSet, std::shared_ptr<compiler::ExecutableSet>>(
       m, "ExecutableSet",
       "The executables of a wrapped model: loaded from a precompiled file, and used by its "

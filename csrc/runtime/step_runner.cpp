@@ -147,7 +147,7 @@ std::pair<std::unique_ptr<Program>, Lane> twinLane(const Program& micro_step,
 // they run two at a time. Only when the program writes nothing the lanes
 // share, needs no calling thread (default-generator randoms, host effects),
 // is not specialised on values read while capturing, and outputs are not summed.
-bool lanesApply(const Program* micro_step, const Program* update,
+bool lanesApply(const Program* micro_step, const UpdateVariants* update,
                 const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                 const StepShape& shape, const std::vector<OutputSlots>& slots) {
   const bool sums =
@@ -173,7 +173,7 @@ struct Call {
   uint64_t seed;
   StepTimeline* timeline;  // may be null
   // With one lane, or a pipeline (no replica buffers):
-  const Program* update = nullptr;  // after every `per_iteration`-th micro-batch
+  UpdateVariants* update = nullptr;  // after every `per_iteration`-th micro-batch
   int64_t per_iteration = 1;
   ReplicaBuffers* replica_buffers = nullptr;
   int64_t replicas = 1;
@@ -210,14 +210,16 @@ void unloadOutputs(const Call& call, int64_t k, const Program& ran,
   }
 }
 
-// Runs the update after an iteration's micro-batches.
-void runUpdate(const Call& call) {
+// Runs the update after an iteration's micro-batches, which ran the variants `ran`.
+void runUpdate(const Call& call, const std::vector<size_t>& ran) {
   if (call.before_update) call.before_update();
-  call.update->run();
+  call.update->forVariants(ran).run();
 }
 
-// Runs micro-batches first, first + stride, ... of `count` on `lane`.
-void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count, const Call& call) {
+// Runs micro-batches first, first + stride, ... of `count` on `lane`;
+// `variants` says which variants ran before each update.
+void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count, const Call& call,
+             StepVariants& variants) {
   StepTimeline* timeline = call.timeline;
   for (int64_t k = first; k < count; k += stride) {
     if (call.replica_buffers != nullptr) call.replica_buffers->select(k % call.replicas);
@@ -226,7 +228,9 @@ void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count, con
     const Program& ran = lane.run(call.seed + static_cast<uint64_t>(k) + 1);
     if (timeline != nullptr) timeline->launch_complete[k] = profiling::now();
     unloadOutputs(call, k, ran, lane.inputs, lane.outputs);
-    if (call.update != nullptr && (k + 1) % call.per_iteration == 0) runUpdate(call);
+    if (call.update != nullptr && (k + 1) % call.per_iteration == 0) {
+      runUpdate(call, variants.takeRan());
+    }
   }
 }
 
@@ -241,14 +245,15 @@ void runPipelined(PipelineScheduler& pipeline, int64_t count, const Call& call) 
   const int64_t group = call.update != nullptr ? call.per_iteration : count;
   for (int64_t first = 0; first < count; first += group) {
     pipeline.run(first, std::min(group, count - first), call.seed, io, call.timeline);
-    if (call.update != nullptr) runUpdate(call);
+    if (call.update != nullptr) runUpdate(call, {0});  // the only variant
   }
 }
 
 // Runs micro-batches on two lanes at once, on the threads of an OpenMP team of
 // two: its threads persist between calls, and the kernels inside it run on one
 // thread each (OpenMP does not nest). A smaller team runs both lanes in turn.
-void runInTwoLanes(const Lane& first, const Lane& second, int64_t count, const Call& call) {
+void runInTwoLanes(const Lane& first, const Lane& second, int64_t count, const Call& call,
+                   StepVariants& variants) {
   const Lane* lanes[] = {&first, &second};
   std::exception_ptr errors[2];
   const int64_t session = profiling::currentSession();  // the caller's, for the team's threads
@@ -259,7 +264,7 @@ void runInTwoLanes(const Lane& first, const Lane& second, int64_t count, const C
     const DenormalModeOfCall of_call(denormal_mode);
     for (int l = omp_get_thread_num(); l < 2; l += omp_get_num_threads()) {
       try {
-        runLane(*lanes[l], l, 2, count, call);
+        runLane(*lanes[l], l, 2, count, call, variants);
       } catch (...) {
         errors[l] = std::current_exception();
       }
@@ -289,13 +294,14 @@ void prepare(StepTimeline& timeline, size_t inputs, int64_t count,
 }  // namespace
 
 std::vector<at::Tensor> runSteps(
-    StepVariants& micro_step, const Program* update, const std::vector<at::Tensor>& device_inputs,
+    StepVariants& micro_step, UpdateVariants* update, const std::vector<at::Tensor>& device_inputs,
     const std::vector<at::Tensor>& host_inputs, const std::vector<at::Tensor>& device_outputs,
     const StepShape& shape, uint64_t seed, ReplicaBuffers* replica_buffers,
     const std::function<void()>& before_update, StepTimeline* timeline) {
   TORCH_CHECK(device_inputs.size() == host_inputs.size(),
               "internal: host and device inputs differ in number");
   Worker::get().waitIdle();
+  micro_step.takeRan();  // what a failed call ran counts for no update
   // The CPU model computes each call in the denormal mode of that call.
   const DenormalModeOfCall of_call(denormalMode());
   TORCH_CHECK(shape.output_gathers.empty() || shape.output_gathers.size() == device_outputs.size(),
@@ -336,7 +342,7 @@ std::vector<at::Tensor> runSteps(
   } else if (replica_buffers == nullptr &&
              lanesApply(unguarded, update, device_inputs, device_outputs, shape, slots)) {
     auto [twin, second] = twinLane(*unguarded, device_inputs, device_outputs);
-    runInTwoLanes(lane, second, count, call);
+    runInTwoLanes(lane, second, count, call, micro_step);
   } else {
     // Replica 0's buffers are the host's again after the call, even a failed one.
     struct Settle {
@@ -355,7 +361,7 @@ std::vector<at::Tensor> runSteps(
     call.replica_buffers = replica_buffers;
     call.replicas = shape.replicas;
     call.before_update = before_update;
-    runLane(lane, 0, 1, count, call);
+    runLane(lane, 0, 1, count, call, micro_step);
   }
 
   std::vector<at::Tensor> results;

@@ -12,6 +12,7 @@
 #include "runtime/program.h"
 #include "runtime/replica_buffers.h"
 #include "runtime/step_variants.h"
+#include "runtime/update_variants.h"
 
 namespace poptorch::runtime {
 
@@ -50,7 +51,8 @@ struct StepTimeline {
 // is rows [k*b, (k+1)*b) of every host input, b being the device input's first
 // dimension. After each run of `micro_step` the device outputs are gathered
 // per their output mode into host tensors, which are returned. `update` (may be
-// null) runs after each iteration's micro-batches. A micro-step whose guards
+// null) runs after each iteration's micro-batches, the program for the variants
+// they ran. A micro-step whose guards
 // fail is captured again (see StepVariants) and the loop goes on.
 // `replica_buffers` (may be null) swaps in each replica's own buffers.
 // `before_update` (may be empty) runs before each run of `update`: with replicas
@@ -60,7 +62,7 @@ struct StepTimeline {
 // (see PipelineScheduler), when it can; a pipeline fills and drains for each
 // iteration's micro-batches, before the update.
 std::vector<at::Tensor> runSteps(
-    StepVariants& micro_step, const Program* update, const std::vector<at::Tensor>& device_inputs,
+    StepVariants& micro_step, UpdateVariants* update, const std::vector<at::Tensor>& device_inputs,
     const std::vector<at::Tensor>& host_inputs, const std::vector<at::Tensor>& device_outputs,
     const StepShape& shape, uint64_t seed, ReplicaBuffers* replica_buffers = nullptr,
     const std::function<void()>& before_update = {}, StepTimeline* timeline = nullptr);

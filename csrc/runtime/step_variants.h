@@ -26,6 +26,11 @@ class StepVariants {
   // variant that ran.
   const Program& run(uint64_t seed_salt);
 
+  // The variants that ran since the last call, by capture index (the first
+  // is 0, each capture the next; ascending): what an iteration's update
+  // depends on (see UpdateVariants).
+  std::vector<size_t> takeRan();
+
   // True if a variant writes `storage` in place.
   bool writes(const c10::StorageImpl* storage) const;
 
@@ -34,8 +39,17 @@ class StepVariants {
   size_t size() const { return variants_.size(); }
 
  private:
-  std::vector<std::shared_ptr<Program>> variants_;  // most recently run first
+  struct Variant {
+    std::shared_ptr<Program> program;
+    size_t index;  // of its capture
+  };
+  // Marks the front variant as run; returns it.
+  const Program& ranFront();
+
+  std::vector<Variant> variants_;  // most recently run first
   Capture capture_;
+  size_t captures_ = 1;    // the first program was the first capture
+  std::vector<bool> ran_;  // by capture index, since takeRan()
 };
 
 }  // namespace poptorch::runtime

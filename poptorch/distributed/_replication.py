@@ -60,6 +60,16 @@ class ProcessReplicas:
             tensors, dist.all_reduce,
             "summing the gradients of all processes")
 
+    def any_of(self, flags: torch.Tensor) -> torch.Tensor:
+        """Per element of ``flags`` (host bools, the same length in every
+        process): whether it is set in some process."""
+        counts = flags.to(torch.int32)
+        try:
+            dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        except RuntimeError as error:
+            raise self._failed("agreeing on the parameters to update", error) from error
+        return counts > 0
+
     def _on_host(self, tensors: List[torch.Tensor], collective: Callable[[torch.Tensor], object],
                  what: str) -> None:
         """Runs ``collective`` on one flat host tensor per dtype holding the
@@ -76,11 +86,14 @@ class ProcessReplicas:
                 for view, value in zip(group, _unflatten_dense_tensors(flat, group)):
                     view.copy_(value)
         except RuntimeError as error:
-            raise Error(
-                f"process {self.process_id} of {self.num_processes}: {what} failed: {error}. "
-                "Another process has probably stopped (look at its error) or did not reach "
-                "the same step within the timeout (Options.Distributed.setTimeout, "
-                f"{self._timeout:g} s when poptorch creates the process group)") from error
+            raise self._failed(what, error) from error
+
+    def _failed(self, what: str, error: RuntimeError) -> Error:
+        return Error(
+            f"process {self.process_id} of {self.num_processes}: {what} failed: {error}. "
+            "Another process has probably stopped (look at its error) or did not reach "
+            "the same step within the timeout (Options.Distributed.setTimeout, "
+            f"{self._timeout:g} s when poptorch creates the process group)")
 
 
 def _join(process_id: int, num_processes: int, timeout: float) -> None:
