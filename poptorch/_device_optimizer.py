@@ -301,6 +301,7 @@ class DeviceOptimizer:
             owner().release()  # the optimiser now drives this model
         self.optimizer = optimizer
         self._load(optimizer)
+        self._write_loaded_ipu_state(optimizer)
 
         def reload(optimizer: torch.optim.Optimizer, this=weakref.ref(self)) -> None:
             if this() is not None:  # the model may be gone; its state lives on
@@ -331,9 +332,37 @@ class DeviceOptimizer:
 
     def _reload(self, optimizer: torch.optim.Optimizer) -> None:
         """After ``optimizer.load_state_dict``: its state and hyper-parameters
-        go to the device."""
+        go to the device, then the loaded ``ipu_state`` / ``ipu_param``."""
         self._load(optimizer)
         self.set_values(optimizer)
+        self._write_loaded_ipu_state(optimizer)
+
+    def _write_loaded_ipu_state(self, optimizer: torch.optim.Optimizer) -> None:
+        """Writes the ``ipu_state`` and ``ipu_param`` entries of a state dict
+        that ``optimizer`` loaded (poptorch.optim.Optimizer.load_state_dict)
+        to the device tensors ``ipu_state()`` names."""
+        loaded = optimizer.__dict__.pop("_loaded_ipu_state", None)
+        if loaded is None:
+            return
+        _C.synchronize()
+        state, params = self.ipu_state()
+        for kind, values, targets in (("ipu_state", loaded[0], state),
+                                      ("ipu_param", loaded[1], params)):
+            for key, value in values.items():
+                if key not in targets:
+                    raise Error(
+                        f"load_state_dict: {kind} has {key!r}, which the optimiser of this "
+                        f"model has not (it has {sorted(targets)}; constant hyper-parameters "
+                        "have no entry): load a state dict of the same model and optimiser")
+                value = torch.as_tensor(value)
+                if value.shape != targets[key].shape:
+                    raise Error(f"load_state_dict: {kind}[{key!r}] has shape "
+                                f"{list(value.shape)}, the device's {list(targets[key].shape)}")
+                if key == "lossScaleUpdateFactor":  # a ratio, not a device tensor
+                    base = float(getattr(optimizer, "loss_scaling", 1.0))
+                    _C.host_alias(self.loss_scaling).copy_(value * base)
+                else:
+                    targets[key].copy_(value)  # host aliases: the device's memory
 
     def release(self) -> None:
         """Gives the host optimiser its own copy of the state (the device

@@ -33,30 +33,31 @@ class VariableAttributes:
     the compiled program). ``betas`` names ``beta1`` and ``beta2`` together."""
 
     def __init__(self, variables: Iterable[str], attributes: Iterable[str]) -> None:
-        self._attributes = set(attributes)
-        self._variables: Set[str] = set(variables) & self._attributes
+        # PopTorch's private names: scripts written for it set them directly.
+        self._allowed_attributes = set(attributes)
+        self._variable_attributes: Set[str] = set(variables) & self._allowed_attributes
 
     def _names(self, attr: str) -> Tuple[str, ...]:
         names = ("beta1", "beta2") if attr == "betas" else (attr,)
-        if not set(names) <= self._attributes:
+        if not set(names) <= self._allowed_attributes:
             raise Error(f"unknown optimiser attribute {attr!r}: expected one of "
-                        f"{', '.join(sorted(self._attributes))}")
+                        f"{', '.join(sorted(self._allowed_attributes))}")
         return names
 
     def isConstant(self, attr: str) -> bool:
         """True if ``attr`` is embedded in the compiled program."""
-        return not set(self._names(attr)) & self._variables
+        return not set(self._names(attr)) & self._variable_attributes
 
     def markAsConstant(self, attr: str) -> None:
         """Embeds ``attr`` in the program (before the model is compiled)."""
-        self._variables.difference_update(self._names(attr))
+        self._variable_attributes.difference_update(self._names(attr))
 
     def markAsVariable(self, attr: str) -> None:
         """Lets ``attr`` change through ``setOptimizer`` (before the model is compiled)."""
-        self._variables.update(self._names(attr))
+        self._variable_attributes.update(self._names(attr))
 
     def __repr__(self) -> str:
-        return f"VariableAttributes(variables={sorted(self._variables)})"
+        return f"VariableAttributes(variables={sorted(self._variable_attributes)})"
 
 
 def _pick(value: Any, default: Any) -> Any:
@@ -84,7 +85,9 @@ class Optimizer:
     while a ``trainingModel`` uses the optimiser, the device's state tensors
     (``"<state>___<parameter index>"``) and variable hyper-parameters
     (``"<name>___group<i>"``, ``"loss_scaling"``), else None.
-    ``load_state_dict`` takes torch's part and ignores those two.
+    ``load_state_dict`` takes torch's part, then writes the ``ipu_state`` and
+    ``ipu_param`` entries it holds (all or some) over it: on the device of the
+    model the optimiser drives, or, when it drives none yet, when it does.
     """
 
     _attributes: Tuple[str, ...] = ()  # the attributes that may be variables
@@ -97,11 +100,22 @@ class Optimizer:
             [k for k, v in passed.items() if v is not None] + ["lr"], self._attributes)
 
     def state_dict(self) -> Dict[str, Any]:
-        """torch's state dict, with ``"ipu_state"`` and ``"ipu_param"`` (see the class doc)."""
+        """torch's state dict, with ``"ipu_state"`` and ``"ipu_param"`` (see the
+        class doc; those loaded and not yet on a device while it drives none)."""
         state = torch.optim.Optimizer.state_dict(self)  # type: ignore[arg-type]
-        state.setdefault("ipu_state", None)
-        state.setdefault("ipu_param", None)
+        pending = getattr(self, "_loaded_ipu_state", None) or (None, None)
+        state.setdefault("ipu_state", pending[0])
+        state.setdefault("ipu_param", pending[1])
         return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """torch's ``load_state_dict``, then the ``ipu_state`` and ``ipu_param`` entries."""
+        written = tuple(dict(state_dict.get(k) or {}) for k in ("ipu_state", "ipu_param"))
+        if any(written):
+            # The device optimiser takes them after torch's part (its load
+            # post-hook), or when it is made (_device_optimizer).
+            self._loaded_ipu_state = written
+        super().load_state_dict(state_dict)  # type: ignore[misc]
 
     def __getstate__(self) -> Dict[str, Any]:
         # torch's __setstate__ takes every key back into __dict__.

@@ -282,7 +282,8 @@ def test_state_dict_has_torch_layout_and_poptorch_ipu_keys():
                                state["state"][0]["exp_avg"])
     again = poptorch.optim.Adam(net().parameters(), lr=0.01)
     again.load_state_dict(copy.deepcopy(state))
-    assert again.state_dict()["ipu_state"] is None
+    # Kept until a model uses the optimiser (tests/test_ipu_state_writes.py).
+    assert set(again.state_dict()["ipu_state"]) == set(state["ipu_state"])
 
 
 def test_a_model_compiled_for_an_offline_ipu_has_no_ipu_state():
