@@ -3,6 +3,7 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/TensorImpl.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <cstring>
 #include <utility>
@@ -24,6 +25,20 @@ const char* defaultDtypeHint() {
                "compute: set it to torch.float32 (torch.set_default_dtype)."
              : "";
 }
+
+// Whether the autograd engine is applying one of PyTorch's own derivative formulas
+// (a generated node, a TraceableFunction; custom Functions, whose backward is the
+// user's code, and AccumulateGrad are not; is_traceable() would ask a Python node's
+// class, so the type is asked instead). Some compute in float64 for float32 inputs: renorm's
+// backward takes its norms in at::toAccumulateType(float, device), float64 on every
+// device but CUDA and MPS, and linalg.lstsq's backward calls linalg.pinv, whose
+// tolerances are float64. Those tensors are the formula's own: the engine casts the
+// gradients it returns to the inputs' dtypes before any hook or .grad sees them, so the
+// user never holds one; the host kernels compute them as the CPU does.
+bool inDerivativeFormula() {
+  const auto node = torch::autograd::get_current_node();
+  return dynamic_cast<const torch::autograd::TraceableFunction*>(node.get()) != nullptr;
+}
 }  // namespace
 
 bool setFloat64ScalarsAllowed(bool allowed) {
@@ -31,9 +46,9 @@ bool setFloat64ScalarsAllowed(bool allowed) {
 }
 
 void checkSupportedDtype(c10::ScalarType dtype, bool scalar) {
-  if (scalar && float64_scalars_allowed) return;
-  TORCH_CHECK_TYPE(dtype != c10::ScalarType::Double && dtype != c10::ScalarType::ComplexDouble,
-                   "ipu tensors cannot hold ", c10::toString(dtype),
+  if (dtype != c10::ScalarType::Double && dtype != c10::ScalarType::ComplexDouble) return;
+  if ((scalar && float64_scalars_allowed) || inDerivativeFormula()) return;
+  TORCH_CHECK_TYPE(false, "ipu tensors cannot hold ", c10::toString(dtype),
                    ": IPUs have no 64-bit floating point. Use float32 (tensor.float(), "
                    "model.float()) or complex64 before moving to the ipu.",
                    defaultDtypeHint());

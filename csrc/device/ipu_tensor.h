@@ -6,7 +6,8 @@
 namespace poptorch::device {
 
 // Throws a TypeError for dtypes an IPU cannot hold (64-bit floating point), unless
-// `scalar` (a 0-dim tensor) and this thread allows float64 scalars.
+// `scalar` (a 0-dim tensor) and this thread allows float64 scalars, or the autograd
+// engine is applying one of PyTorch's derivative formulas (whose own float64 it is).
 void checkSupportedDtype(c10::ScalarType dtype, bool scalar = false);
 
 // Whether this thread may make 0-dim float64 ipu tensors; returns the previous setting.
