@@ -142,11 +142,26 @@ void uploadHostConstants(const OpTraits& traits, torch::jit::Stack* stack) {
   }
 }
 
+// An out= tensor that its result resizes and that shares memory with the
+// input at `input` is refused at the call, before anything is resized; `why`
+// says what the kernel would do.
+[[noreturn]] void refuseResizedOut(const c10::FunctionSchema& schema, size_t input,
+                                   const at::Tensor& out, const Layout& layout, const char* why) {
+  TORCH_CHECK(false, schema.name(), ": the out= tensor shares memory with the input '",
+              schema.arguments()[input].name(), "' and the result resizes it from ", out.sizes(),
+              " to ", c10::IntArrayRef(layout.sizes), ", so ", why,
+              " Pass an out= tensor that is not an input, or use the returned tensor.");
+}
+
 // A pointwise op's out= tensor that its result resizes: the CPU's
 // TensorIterator first refuses an out= tensor that overlaps an input, then
 // never resizes one that is also an input (only outputs written alone are
 // resized). The Meta kernels resize first, so check before their layout is
-// mirrored.
+// mirrored. The CPU's overlap check gives up on a tensor that is not dense
+// ("too hard") and computes; if the resized tensor then shares bytes with an
+// input in another order, the kernel writes elements it has yet to read (the
+// CPU's result depends on the order of its loop, and the host kernel run by
+// the ipu refuses it when the graph runs), so that is refused at the call.
 void checkResizedOut(const at::Tensor& out, const Layout& layout,
                      c10::ArrayRef<c10::IValue> arguments, const c10::FunctionSchema& schema) {
   if (out.sizes().equals(layout.sizes)) return;
@@ -164,6 +179,18 @@ void checkResizedOut(const at::Tensor& out, const Layout& layout,
   }
   TORCH_CHECK(!is_input, "output with shape ", out.sizes(), " doesn't match the broadcast shape ",
               c10::IntArrayRef(layout.sizes));
+  const at::Tensor resized = device::ipuView(out.storage(), layout.sizes, layout.strides,
+                                             layout.offset, out.scalar_type());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (!arguments[i].isTensor() || schema.arguments()[i].is_out()) continue;
+    const at::Tensor& input = arguments[i].toTensor();
+    if (input.defined() && input.is_ipu() &&
+        storageOverlap(resized, input) == at::MemOverlapStatus::Partial) {
+      refuseResizedOut(schema, i, out, layout,
+                       "the kernel would write elements of that input before reading them (on "
+                       "the CPU the result depends on the order of its loop).");
+    }
+  }
 }
 
 // Any other op's out= tensor that its result resizes and that shares bytes
@@ -179,13 +206,11 @@ void checkResizedOutIsNotAnInput(const at::Tensor& out, const Layout& layout,
     const at::Tensor& input = arguments[i].toTensor();
     if (!input.defined() || !input.is_ipu()) continue;
     const at::MemOverlapStatus overlap = storageOverlap(out, input);
-    TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial,
-                schema.name(), ": the out= tensor shares memory with the input '",
-                schema.arguments()[i].name(), "' and the result resizes it from ", out.sizes(),
-                " to ", c10::IntArrayRef(layout.sizes),
-                ", so the kernel would read that input resized under it (on the CPU the "
-                "result is undefined). Pass an out= tensor that is not an input, or use the "
-                "returned tensor.");
+    if (overlap == at::MemOverlapStatus::Full || overlap == at::MemOverlapStatus::Partial) {
+      refuseResizedOut(schema, i, out, layout,
+                       "the kernel would read that input resized under it (on the CPU the "
+                       "result is undefined).");
+    }
   }
 }
 

@@ -690,19 +690,26 @@ def _index_put(c: Chooser) -> Line:
 
 # ---- out= ---------------------------------------------------------------------------------
 
-def _out_tensor(c: Chooser, dtype: torch.dtype,
-                input_: Optional[torch.Tensor] = None) -> Tuple[str, str]:
+def _out_tensor(c: Chooser, dtype: torch.dtype, input_: Optional[torch.Tensor] = None,
+                result_shape: Optional[Sequence[int]] = None) -> Tuple[str, str]:
     """Where an out= result goes: a fresh empty tensor (then it is the result), or a live
     tensor (possibly a view, of another shape or dtype: it is resized, or refused). With
     `input_`, a live tensor sharing its storage is not chosen: a kernel that is not pointwise
     reads that input resized under it (the CPU's result is undefined; the ipu refuses the call,
-    tests/test_fuzz_regressions.py)."""
+    tests/test_fuzz_regressions.py). A pointwise kernel (`result_shape` given) only when the
+    result resizes it: the resized tensor may then share bytes with the input in another order
+    (the CPU's result depends on its loop's order; the ipu refuses the call)."""
     if c.flag():
         return f"torch.empty(0, dtype={DTYPE_NAMES[dtype]}, device=dev)", "fresh"
     if input_ is None:
         return c.tensor(), "live"
     storage = input_.untyped_storage().data_ptr()
-    return c.tensor(lambda o: o.untyped_storage().data_ptr() != storage), "live"
+    shape = None if result_shape is None else tuple(result_shape)
+    return c.tensor(lambda o: o.untyped_storage().data_ptr() != storage or
+                    (shape is not None and tuple(o.shape) == shape)), "live"
+
+
+POINTWISE_OUT = ("add", "mul", "abs", "neg", "exp", "where", "clamp")
 
 
 @op("out")
@@ -711,12 +718,16 @@ def _out(c: Chooser) -> Line:
     t = c.t(a)
     kind = c.pick(("add", "mul", "abs", "neg", "sum", "amax", "mean", "matmul", "cat", "where",
                    "clamp", "exp", "cumsum", "index_select", "arange", "linspace", "sort"))
+    partner = broadcast_partner(c, t.shape) if kind in ("add", "mul") else None
+    result_shape = t.shape if partner is None else torch.broadcast_shapes(t.shape, partner)
     out, where = _out_tensor(c, t.dtype if kind not in ("arange", "linspace") else
                              torch.float32,
-                             t if kind in ("sum", "amax", "mean", "matmul", "cumsum") else None)
+                             t if kind in ("sum", "amax", "mean", "matmul", "cumsum") +
+                             POINTWISE_OUT else None,
+                             result_shape if kind in POINTWISE_OUT else None)
     d = c.dim(t.dim())
     if kind in ("add", "mul"):
-        call = f"torch.{kind}({a}, {c.rnd(broadcast_partner(c, t.shape), t.dtype)}, out={{}})"
+        call = f"torch.{kind}({a}, {c.rnd(partner, t.dtype)}, out={{}})"
     elif kind in ("abs", "neg", "exp"):
         call = f"torch.{kind}({a}, out={{}})"
     elif kind in ("sum", "amax", "mean"):
@@ -816,6 +827,11 @@ UNARY = ("neg", "abs", "sign", "sqrt", "rsqrt", "exp", "expm1", "log", "log2", "
          "trunc", "frac", "reciprocal", "erf", "isnan", "isinf", "isfinite", "signbit",
          "bitwise_not", "logical_not", "nan_to_num", "square", "positive", "deg2rad",
          "clamp_min", "sgn", "angle", "exp2", "lgamma")
+# Ops whose derivative formula reads values on the host and branches on them (PyTorch's
+# FunctionsManual.cpp): prod and cumprod on whether the input holds zeros (and how many),
+# max() and min() of everything on whether the result is nan. A replay whose new values take
+# the other branch runs other graphs, which may need compiling.
+BACKWARD_BRANCHES = ("prod", "prod_dtype", "cumprod", "max_all", "min_all")
 UNARY_DIM = ("softmax", "log_softmax", "cumsum", "cumprod", "logcumsumexp", "cummax", "flip",
              "roll", "sort", "argsort", "topk", "diff", "F.normalize", "tril", "triu", "msort",
              "kthvalue", "renorm")
@@ -858,7 +874,8 @@ def _unary_dim(c: Chooser) -> Line:
         "kthvalue": f"torch.kthvalue({x}, {c.int(1, max(size, 1))}, {d})[0]",
         "renorm": f"torch.renorm({x}, 2, {d}, 1.0)",
     }
-    return c.assign(f"unary_dim:{name}", calls[name])
+    return c.assign(f"unary_dim:{name}", calls[name],
+                    value_dependent=name in BACKWARD_BRANCHES and t.requires_grad)
 
 
 def _float_to_int_undefined(source: str, dtype: torch.dtype) -> Callable[[Dict], bool]:
@@ -934,7 +951,8 @@ def _reduction(c: Chooser) -> Line:
                 "sum_dtype": f"{x}.sum(dtype={DTYPE_NAMES[c.dtype()]})",
                 "prod_dtype": f"{x}.prod(dtype={DTYPE_NAMES[c.dtype()]})",
                 "mean_dtype": f"{x}.mean(dtype={DTYPE_NAMES[c.dtype(FLOAT_DTYPES)]})"}[name]
-        return c.assign(f"reduction:{name}", code)
+        return c.assign(f"reduction:{name}", code,
+                        value_dependent=name in BACKWARD_BRANCHES and t.requires_grad)
     if name in REDUCTIONS_ONE_DIM:
         d = c.dim(n)
         if name in ("max", "min", "median", "mode"):
@@ -945,7 +963,8 @@ def _reduction(c: Chooser) -> Line:
             code = f"torch.{name}({x})"  # over everything
         else:
             code = f"torch.{name}({x}, {d}, keepdim={keepdim})"
-        return c.assign(f"reduction:{name}", code)
+        return c.assign(f"reduction:{name}", code,
+                        value_dependent=name in BACKWARD_BRANCHES and t.requires_grad)
     form = c.int(0, 2)
     dims = "None" if form == 0 or n == 0 else (str(c.dim(n)) if form == 1 else
                                                shape_lit(c.dims(n)))
