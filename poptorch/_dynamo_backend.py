@@ -11,9 +11,13 @@ runs once on the call's ipu tensors under a whole-step capture, as a
 wrapped model's step is captured, which gives a program (compiled, or found in
 the executable cache by its structure); every later call replays that program
 from C++ on the call's tensors (``_C.GraphReplay``): no Python per op and
-nothing compiled. Inputs of another layout (sizes, strides, dtypes) or other
-integer arguments (dynamic shapes) capture another variant. Code between graphs
-(graph breaks) runs on ipu tensors in lazy mode, as any code does.
+nothing compiled. A replay in a training step appends the program's ops to the
+pending lazy graph instead of running them, so that the forward, the lazy code
+of the graph breaks (``loss.backward()``'s ``ones_like``), the backward and the
+optimiser's step run as one program at the sync point (``loss.item()``). Inputs
+of another layout (sizes, strides, dtypes) or other integer arguments (dynamic
+shapes) capture another variant. Code between graphs (graph breaks) runs on ipu
+tensors in lazy mode, as any code does.
 
 Importing ``torch._dynamo`` costs about as much as importing torch, so the
 backend is registered when dynamo is first imported (by ``torch.compile``,
@@ -70,16 +74,29 @@ def ipu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: Option
         return lambda *args: replayed(list(args))
     # Inference graphs write their inputs in place (an optimiser's step: the
     # parameters), rather than return new values for Python to copy back.
-    return aot_autograd(fw_compiler=ReplayedGraph, bw_compiler=ReplayedGraph,
+    return aot_autograd(fw_compiler=_training_graph, bw_compiler=_training_graph,
                         inference_compiler=ReplayedGraph,
                         keep_inference_input_mutations=True)(gm, example_inputs)
 
 
+def _training_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> "ReplayedGraph":
+    """AOTAutograd's forward or backward graph: its replays join the step."""
+    return ReplayedGraph(gm, example_inputs, joins_step=True)
+
+
 class ReplayedGraph:
     """An ATen graph of AOTAutograd as a boxed function of its arguments:
-    captured on the ipu at its first call and replayed afterwards."""
+    captured on the ipu at its first call and replayed afterwards.
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    A replay's ops join the pending lazy graph (``_C.GraphReplay.run``), to run
+    at the next sync point with the ops around them: a training step's forward
+    (``joins_step``), the lazy ``ones_like`` of ``loss.backward()``, the
+    backward and the optimiser's graph become one program, whose activations
+    are temporaries. Other graphs join only what is pending, and run at once
+    when nothing is."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                 joins_step: bool = False) -> None:
         # AOTAutograd passes the arguments as a list we may clear. An instance
         # attribute: dynamo's wrappers (functools.wraps) copy only those.
         self._boxed_call = True
@@ -91,6 +108,7 @@ class ReplayedGraph:
         # Non-tensor arguments (symbolic sizes under dynamic shapes): each set
         # of values is a graph of its own.
         self._scalars = [i for i, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)]
+        self._joins_step = joins_step
         # Least recently used first; at most as many as the executable cache keeps
         # (a loop over ever new sizes would otherwise hold every program).
         self._replays: "OrderedDict[Tuple[Any, ...], _Replay]" = OrderedDict()
@@ -103,7 +121,7 @@ class ReplayedGraph:
         key = tuple(args[i] for i in self._scalars)
         replay = self._replays.get(key)
         if replay is None:
-            replay = self._replays[key] = _Replay()
+            replay = self._replays[key] = _Replay(self._joins_step)
             while len(self._replays) > max(1, _C.executable_cache_capacity()):
                 self._replays.popitem(last=False)
         else:
@@ -142,8 +160,8 @@ class _Replay:
     """The variants of one graph for one set of non-tensor arguments, and
     where its tensors go among its outputs."""
 
-    def __init__(self) -> None:
-        self.graph = _C.GraphReplay()
+    def __init__(self, joins_step: bool) -> None:
+        self.graph = _C.GraphReplay(joins_step)
         self.template: List[Any] = []
         self.positions: List[int] = []
 

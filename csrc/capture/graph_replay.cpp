@@ -11,6 +11,7 @@
 #include "common/metrics.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
+#include "ir/hash.h"
 #include "runtime/executor.h"
 #include "runtime/guard_failure.h"
 #include "runtime/worker.h"
@@ -130,7 +131,28 @@ void GraphReplay::add(const runtime::Program& program, const std::vector<at::Ten
     }
     variant->outputs.push_back(std::move(output));
   }
-  for (const ir::Node& node : program.graph().nodes) variant->random |= node.seed.has_value();
+  const ir::Graph& graph = program.graph();
+  variant->input_of_buffer.assign(graph.buffers.size(), -1);
+  variant->fresh_of_buffer.assign(graph.buffers.size(), -1);
+  for (size_t i = variant->inputs.size(); i-- > 0;) {  // the first of aliased inputs
+    if (variant->inputs[i].buffer >= 0) variant->input_of_buffer[variant->inputs[i].buffer] = i;
+  }
+  for (size_t f = 0; f < variant->fresh.size(); ++f) {
+    if (variant->fresh[f].buffer >= 0) variant->fresh_of_buffer[variant->fresh[f].buffer] = f;
+  }
+  auto note_alignment = [&](const ir::TensorRef& ref) {
+    const int i = variant->input_of_buffer[ref.buffer];
+    if (i >= 0) {
+      int64_t& align = variant->inputs[i].align;
+      align = std::max<int64_t>(align, c10::elementSize(ref.dtype));
+    }
+  };
+  for (const ir::Node& node : graph.nodes) {
+    variant->random |= node.seed.has_value();
+    for (const ir::TensorRef& ref : node.inputs) note_alignment(ref);
+    for (const ir::TensorRef& ref : node.outputs) note_alignment(ref);
+  }
+  variant->joinable = !program.hasGuards();
   variant->program = program.rebound(std::move(storages));
   std::lock_guard<std::mutex> lock(mutex_);
   variants_.insert(variants_.begin(), std::move(variant));  // the newest is the likeliest
@@ -165,6 +187,9 @@ std::optional<std::vector<at::Tensor>> GraphReplay::run(
   bool pending_ran = false;
   for (const auto& variant : variants) {
     if (!matches(*variant, inputs)) continue;
+    if (variant->joinable) {
+      if (auto outputs = join(*variant, inputs)) return outputs;
+    }
     if (!pending_ran) {
       runPending();
       pending_ran = true;
@@ -214,7 +239,83 @@ std::vector<at::Tensor> GraphReplay::runVariant(const Variant& variant,
   for (const auto& [input, copy] : copied)
     runtime::hostAlias(input).copy_(runtime::hostAlias(copy));
   Metrics::get().dynamoReplay();
+  return outputsOf(variant, inputs, fresh);
+}
 
+std::optional<std::vector<at::Tensor>> GraphReplay::join(
+    const Variant& variant, const std::vector<at::Tensor>& inputs) const {
+  // The nodes view each input's storage where the input starts; views at
+  // other element sizes need the start to fall on one of their elements.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Input& input = variant.inputs[i];
+    if (input.buffer < 0 || input.alias_of >= 0) continue;
+    const at::Tensor& t = inputs[i];
+    const int64_t start = t.storage_offset() * static_cast<int64_t>(t.itemsize());
+    if (t.is_conj() || t.is_neg() || start % input.align != 0) return std::nullopt;
+  }
+  PendingGraph& pending = PendingGraph::get();
+  auto lock = pending.lock();
+  if (!joins_step_ && pending.size() == 0) return std::nullopt;  // runs now, with no lookup
+  if (joined_generation_.load(std::memory_order_relaxed) == pending.generation() + 1) {
+    if (std::exception_ptr error = pending.flush()) {
+      runtime::Worker::get().noteError(std::move(error));
+    }
+  }
+  joined_generation_.store(pending.generation() + 1, std::memory_order_relaxed);
+
+  const ir::Graph& graph = variant.program->graph();
+  const std::vector<c10::Storage>& kept = variant.program->storages();
+  std::vector<ir::BufferId> to(graph.buffers.size(), -1);
+  std::vector<int64_t> start(graph.buffers.size(), 0);  // in bytes
+  std::vector<c10::Storage> fresh;
+  fresh.reserve(variant.fresh.size());
+  for (const FreshStorage& f : variant.fresh) {
+    at::Tensor bytes =
+        device::emptyIpuTensor({f.nbytes}, {1}, c10::ScalarType::Byte, f.device.index());
+    if (f.buffer >= 0) to[f.buffer] = pending.refOfResult(bytes).buffer;
+    fresh.push_back(bytes.storage());
+  }
+  for (size_t b = 0; b < graph.buffers.size(); ++b) {
+    if (const int i = variant.input_of_buffer[b]; i >= 0) {
+      const at::Tensor& t = inputs[i];
+      to[b] = pending.refOf(t).buffer;
+      start[b] = t.storage_offset() * static_cast<int64_t>(t.itemsize());
+    } else if (kept[b]) {
+      const auto nbytes = static_cast<int64_t>(kept[b].nbytes());
+      to[b] =
+          pending.refOf(device::ipuView(kept[b], {nbytes}, {1}, 0, c10::ScalarType::Byte)).buffer;
+    } else if (variant.fresh_of_buffer[b] < 0) {
+      ir::BufferInfo temporary = graph.buffers[b];
+      temporary.existed_before = temporary.live_after = false;
+      to[b] = pending.addTemporary(temporary);
+    }
+  }
+  auto rebind = [&](ir::TensorRef& ref) {
+    if (start[ref.buffer] != 0) {
+      ref.offset += start[ref.buffer] / static_cast<int64_t>(c10::elementSize(ref.dtype));
+    }
+    ref.buffer = to[ref.buffer];
+  };
+  // Random ops draw new values as a run with a salt would, and every node
+  // computes in the denormal mode of this call.
+  const uint64_t salt = variant.random ? drawSeedSalt() : 0;
+  const uint32_t denormals = denormalMode();
+  std::vector<ir::Node> nodes = graph.nodes;
+  for (ir::Node& node : nodes) {
+    for (ir::TensorRef& ref : node.inputs) rebind(ref);
+    for (ir::TensorRef& ref : node.outputs) rebind(ref);
+    for (ir::BufferId& w : node.writes) w = to[w];
+    if (node.seed && salt != 0) node.seed = ir::hashCombine(*node.seed, salt);
+    node.denormal_mode = denormals;
+  }
+  pending.appendNodes(std::move(nodes));
+  Metrics::get().dynamoReplay();
+  return outputsOf(variant, inputs, fresh);
+}
+
+std::vector<at::Tensor> GraphReplay::outputsOf(const Variant& variant,
+                                               const std::vector<at::Tensor>& inputs,
+                                               const std::vector<c10::Storage>& fresh) const {
   std::vector<at::Tensor> outputs;
   outputs.reserve(variant.outputs.size());
   for (const Output& output : variant.outputs) {

@@ -7,6 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -19,6 +20,11 @@ namespace poptorch::capture {
 
 class GraphReplay {
  public:
+  // `joins_step`: the graph is part of a training step (AOTAutograd's
+  // forward and backward graphs), so its replays always join the pending
+  // graph (see run()); other graphs join it only when something is pending.
+  explicit GraphReplay(bool joins_step = false) : joins_step_(joins_step) {}
+
   // The tensors to capture the graph on for `inputs` (ipu tensors): each
   // input, or a copy of it with its sizes and strides on a storage of its own
   // when its view does not span its storage from the start (or has the
@@ -33,9 +39,13 @@ class GraphReplay {
            const std::vector<at::Tensor>& outputs);
 
   // The graph's outputs on `inputs`, new tensors computed by the program
-  // captured for their layout (what is pending runs first). Nullopt when none
-  // was captured for it, when its guards fail, or when this thread captures a
-  // step whole (the graph's ops must then join the step).
+  // captured for their layout. The program's nodes join the pending graph,
+  // to run with what comes before and after them at the next sync point (a
+  // training step's forward, backward and update as one program, whose
+  // activations are temporaries), when the graph joins steps or something is
+  // pending; otherwise it runs now (what is pending runs first). Nullopt when
+  // none was captured for it, when its guards fail, or when this thread
+  // captures a step whole (the graph's ops must then join the step).
   std::optional<std::vector<at::Tensor>> run(const std::vector<at::Tensor>& inputs) const;
 
   size_t size() const;
@@ -47,6 +57,7 @@ class GraphReplay {
     ir::BufferId buffer = -1;  // -1: the program does not read it
     int alias_of = -1;         // an earlier input on the same storage when captured
     bool written = false;      // the program writes it in place
+    int64_t align = 1;         // the largest element size of the views of it nodes take
   };
   // A storage the graph creates: a new one for every call.
   struct FreshStorage {
@@ -65,13 +76,28 @@ class GraphReplay {
     std::vector<Input> inputs;
     std::vector<FreshStorage> fresh;
     std::vector<Output> outputs;
-    bool random = false;  // random ops draw new values on every call
+    bool random = false;    // random ops draw new values on every call
+    bool joinable = false;  // no guards: its nodes may join the pending graph
+    // Per buffer of the captured graph: the input or fresh storage bound to
+    // it, or -1 (a storage the program keeps, or a temporary).
+    std::vector<int> input_of_buffer;
+    std::vector<int> fresh_of_buffer;
   };
 
   bool matches(const Variant& variant, const std::vector<at::Tensor>& inputs) const;
   std::vector<at::Tensor> runVariant(const Variant& variant,
                                      const std::vector<at::Tensor>& inputs) const;
+  // The outputs of a run, or nullopt when they must be run now.
+  std::optional<std::vector<at::Tensor>> join(const Variant& variant,
+                                              const std::vector<at::Tensor>& inputs) const;
+  std::vector<at::Tensor> outputsOf(const Variant& variant, const std::vector<at::Tensor>& inputs,
+                                    const std::vector<c10::Storage>& fresh) const;
 
+  const bool joins_step_;
+  // 1 + the pending graph's generation when a replay last joined it: a
+  // pending graph holds one replay of a graph at most, so that a loop that
+  // never synchronises runs one program per iteration, of one structure.
+  mutable std::atomic<uint64_t> joined_generation_{0};
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<const Variant>> variants_;
 };

@@ -138,6 +138,25 @@ void PendingGraph::append(ir::Node node) {
   }
   graph_.nodes.push_back(std::move(node));
   Metrics::get().opCaptured();
+  runIfLong();
+}
+
+ir::BufferId PendingGraph::addTemporary(const ir::BufferInfo& info) {
+  entries_.emplace_back();
+  return graph_.addBuffer(info);
+}
+
+void PendingGraph::appendNodes(std::vector<ir::Node> nodes) {
+  graph_.nodes.reserve(graph_.nodes.size() + nodes.size());
+  for (ir::Node& node : nodes) {
+    TORCH_INTERNAL_ASSERT(node.guard == ir::Guard::kNone, "appended nodes hold no guard");
+    node.source_index = static_cast<int32_t>(graph_.nodes.size());
+    graph_.nodes.push_back(std::move(node));
+  }
+  runIfLong();
+}
+
+void PendingGraph::runIfLong() {
   if (whole_step_capture_) return;
   if (graph_.nodes.size() >= max_nodes_) {
     POPTORCH_LOG(kDebug) << "running the pending graph: it reached " << max_nodes_ << " nodes";
@@ -168,6 +187,7 @@ void PendingGraph::streamPendingNodes() {
 }
 
 void PendingGraph::discard() {
+  ++generation_;
   graph_ = ir::Graph();
   entries_.clear();
   ids_.clear();
@@ -189,7 +209,8 @@ std::unique_ptr<runtime::Program> PendingGraph::prepare(bool allow_empty) {
       if (entry.strong) {
         info.live_after = runtime::Worker::get().referencedElsewhere(entry.strong, /*ours=*/1);
         storage = entry.strong;
-      } else if (auto locked = entry.weak->lock()) {
+      } else if (auto locked =
+                     entry.weak ? entry.weak->lock() : c10::intrusive_ptr<c10::StorageImpl>()) {
         info.live_after = true;
         storage = c10::Storage(std::move(locked));
       }
@@ -221,7 +242,8 @@ std::unique_ptr<runtime::Program> PendingGraph::prepare(bool allow_empty) {
       const Entry& entry = entries[b];
       if (entry.strong) {
         device::poison(*entry.strong.unsafeGetStorageImpl(), error);
-      } else if (auto locked = entry.weak->lock()) {
+      } else if (auto locked =
+                     entry.weak ? entry.weak->lock() : c10::intrusive_ptr<c10::StorageImpl>()) {
         device::poison(*locked, error);
       }
     };

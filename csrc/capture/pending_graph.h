@@ -54,6 +54,17 @@ class PendingGraph {
   // A guard node records where the user's code read the value it guards.
   void append(ir::Node node);
 
+  // A buffer that no tensor refers to: a temporary of nodes given to
+  // appendNodes(), which hold no guard.
+  ir::BufferId addTemporary(const ir::BufferInfo& info);
+  // Appends `nodes` (over this graph's buffers; replayed, not captured) as
+  // one unit: the graph runs when it has grown past POPTORCH_MAX_GRAPH_NODES
+  // only after the last of them.
+  void appendNodes(std::vector<ir::Node> nodes);
+  // Counts the times the pending nodes were taken to run or discarded: nodes
+  // appended at the same count are still pending together.
+  uint64_t generation() const { return generation_; }
+
   // Turns the pending nodes into a program (compiled, or found in the cache)
   // bound to their storages, and leaves the pending graph empty. Storages
   // that outlive the graph are materialised. Null if nothing is pending,
@@ -92,7 +103,8 @@ class PendingGraph {
   explicit PendingGraph(bool whole_step);
 
   // Strong references keep inputs' bytes alive until the graph runs; weak ones
-  // let the graph see which of its own results nobody holds any more.
+  // let the graph see which of its own results nobody holds any more; a
+  // temporary (addTemporary) has neither.
   struct Entry {
     c10::Storage strong;
     std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> weak;
@@ -110,7 +122,12 @@ class PendingGraph {
   // device computes while the host captures the rest.
   void streamPendingNodes();
 
+  // Runs the graph if it grew past POPTORCH_MAX_GRAPH_NODES, or streams its
+  // first nodes (POPTORCH_STREAM_NODES).
+  void runIfLong();
+
   std::vector<c10::Warning> warnings_;
+  uint64_t generation_ = 0;
   size_t max_nodes_;
   size_t stream_nodes_;
   const bool whole_step_capture_;

@@ -576,7 +576,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<capture::GraphReplay, std::shared_ptr<capture::GraphReplay>>(
       m, "GraphReplay",
       "A graph of torch.compile(backend='ipu'), captured once per input layout and replayed.")
-      .def(py::init<>())
+      .def(py::init<bool>(), py::arg("joins_step") = false)
       .def_static("capture_inputs", &capture::GraphReplay::captureInputs,
                   py::call_guard<py::gil_scoped_release>())
       .def("add", &capture::GraphReplay::add, py::arg("program"), py::arg("inputs"),
