@@ -91,7 +91,7 @@ class DeviceOptimizer:
                      rules.group_hyperparameters(self.algorithm, group).items()}
             self.groups.append((params, hyper))
             for p in params:
-                self.state[id(p)] = rules.initial_state(self.algorithm, p, optimizer)
+                self.state[id(p)] = rules.initial_state(self.algorithm, p, optimizer, group)
         self.automatic_loss_scaling = automatic_loss_scaling  # Training.setAutomaticLossScaling
         if automatic_loss_scaling:  # the scale changes on the device
             self.variables.add("loss_scaling")

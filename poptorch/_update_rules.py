@@ -74,9 +74,12 @@ def accumulator_dtype(optimizer: Any, param: torch.Tensor) -> torch.dtype:
     return _state_dtype(optimizer, "accum_type", param)
 
 
-def initial_state(algorithm: str, param: torch.Tensor, optimizer: Any) -> Dict[str, torch.Tensor]:
-    """The state of a parameter before its first update, on its device: zeros
-    (the TensorFlow variant of RMSprop starts its squares at one)."""
+def initial_state(algorithm: str, param: torch.Tensor, optimizer: Any,
+                  group: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+    """The state of a parameter of param group ``group`` before its first
+    update, on its device: zeros (the TensorFlow variant of RMSprop starts its
+    squares at one). RMSprop has the average gradient only when centred, as in
+    torch (its momentum buffer always: momentum may be a variable)."""
     first_attr = ("velocity_accum_type" if algorithm == "sgd"
                   else "first_order_momentum_accum_type")
     first = _state_dtype(optimizer, first_attr, param)
@@ -90,8 +93,10 @@ def initial_state(algorithm: str, param: torch.Tensor, optimizer: Any) -> Dict[s
     square_avg = zeros(second)
     if getattr(optimizer, "use_tf_variant", False):
         square_avg.fill_(1)
-    return {"square_avg": square_avg, "momentum_buffer": zeros(first),
-            "grad_avg": zeros(first), "step": step}
+    state = {"square_avg": square_avg, "momentum_buffer": zeros(first), "step": step}
+    if group.get("centered"):
+        state["grad_avg"] = zeros(first)
+    return state
 
 
 def state_from_torch(algorithm: str, saved: Dict[str, Any], device_state: Dict[str, torch.Tensor],

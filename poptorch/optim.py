@@ -160,7 +160,9 @@ class Optimizer:
         """The state of ``p`` with every tensor the rule uses (one torch's
         step made may lack some)."""
         state = self.state[p]  # type: ignore[attr-defined]
-        full = rules.initial_state(algorithm, p, self)
+        group = next(g for g in self.param_groups  # type: ignore[attr-defined]
+                     if any(q is p for q in g["params"]))
+        full = rules.initial_state(algorithm, p, self, group)
         if set(state) != set(full):
             loaded = rules.state_from_torch(algorithm, state, full, index)
             state.clear()

@@ -58,7 +58,8 @@ def test_the_device_update_is_one_node_per_parameter_without_host_fallback():
     model = torch.nn.Linear(6, 3).to("ipu")
     optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     params = list(model.parameters())
-    states = {id(p): rules.initial_state("sgd", p, optimizer) for p in params}
+    states = {id(p): rules.initial_state("sgd", p, optimizer, optimizer.param_groups[0])
+              for p in params}
     grads = {id(p): torch.randn(p.shape, device="ipu") for p in params}
     h = hyper(0.0, False, ("lr",), "ipu")
     poptorch.synchronize()

@@ -286,6 +286,22 @@ def test_state_dict_has_torch_layout_and_poptorch_ipu_keys():
     assert set(again.state_dict()["ipu_state"]) == set(state["ipu_state"])
 
 
+@pytest.mark.parametrize("centered", [False, True])
+def test_rmsprop_state_has_the_keys_of_torch_rmsprop(centered):
+    # torch keeps the average gradient only when centred (the momentum
+    # buffer, which torch makes only for a momentum, is ours always: it may be
+    # a variable).
+    make = lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=centered)  # noqa
+    cpu_model = net()
+    cpu = make(cpu_model.parameters())
+    cpu_model(*batch(0))[1].backward()
+    cpu.step()
+    model = net()
+    optimizer = make(model.parameters())
+    poptorch.trainingModel(model, None, optimizer)(*batch(0))
+    assert sorted(optimizer.state_dict()["state"][0]) == sorted(cpu.state_dict()["state"][0])
+
+
 def test_a_model_compiled_for_an_offline_ipu_has_no_ipu_state():
     # Its state is on no device (it cannot run), as PopTorch's state dict says;
     # the same model compiled for the emulated IPU has it.
