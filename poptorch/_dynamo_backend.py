@@ -36,6 +36,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import _C
+from ._dynamo_dropout import use_counter_based_dropout
 from ._dynamo_sgd import fuse_sgd_momentum
 from ._errors import Error
 from ._logging import logger
@@ -81,6 +82,7 @@ def ipu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: Option
 
 def _training_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> "ReplayedGraph":
     """AOTAutograd's forward or backward graph: its replays join the step."""
+    use_counter_based_dropout(gm)
     return ReplayedGraph(gm, example_inputs, joins_step=True)
 
 
