@@ -15,7 +15,7 @@ from . import _ops
 from . import _cpu_defaults, _device_module, _dynamo_backend, _fake_cpu, _meta_warnings
 from . import _profiling
 from . import _grad_scaler
-from . import _dlpack, _nested, _serialization
+from . import _dlpack, _nested, _recompute, _serialization
 from . import _storages
 from . import autocasting
 from . import distributed
@@ -47,6 +47,7 @@ _profiling.start_from_environment()
 _serialization.install()
 _dlpack.install()
 _nested.install()
+_recompute.install()
 _storages.install()
 _grad_scaler.install()
 _dynamo_backend.install()

@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Set, Union
+from typing import (Any, Callable, ContextManager, Dict, Iterator, List, NamedTuple, Optional,
+                    Set, Union)
 
 import torch
 
@@ -57,6 +58,7 @@ class _BlockCapture:
         self._enclosing: List[int] = []      # blocks whose scope encloses the current one
         self._current = _BEFORE_BLOCKS
         self._highest_stage = 0
+        self._recomputing = False            # a checkpointed part runs again in backward
         self.split: Optional[Split] = None
 
     def next_auto_id(self) -> str:
@@ -80,7 +82,8 @@ class _BlockCapture:
             self._placements.append(placement)
         index = self._index[block]
         placement = self._placements[index]
-        if self._strategy.pipelined and placement.stage < self._highest_stage:
+        if (self._strategy.pipelined and not self._recomputing
+                and placement.stage < self._highest_stage):
             raise Error(f"block {block!r} is pipeline stage {placement.stage} but runs after "
                         f"stage {self._highest_stage}: in a pipeline, stages must run in "
                         "ascending order. Give later layers higher stages (their ipu_id with "
@@ -102,6 +105,22 @@ class _BlockCapture:
         self._current = index
         stage, phase, ipu = self._placements[index] if index >= 0 else (0, 0, 0)
         _C.set_block(index, stage, phase, ipu)
+
+    @contextlib.contextmanager
+    def recomputing(self, current: int, enclosing: List[int], auto_id: int) -> Iterator[None]:
+        """A checkpointed part of the forward runs again in backward, from where
+        it began in the forward (``current``, ``enclosing``, ``auto_id``): its
+        ops take the blocks they took then, and its blocks begin again (not a
+        stage running after later ones)."""
+        saved = (self._current, self._enclosing, self._next_auto_id, self._recomputing)
+        self._enclosing, self._next_auto_id, self._recomputing = list(enclosing), auto_id, True
+        _C.begin_recompute()
+        try:
+            self._set(current)
+            yield
+        finally:
+            _C.end_recompute()
+            self._current, self._enclosing, self._next_auto_id, self._recomputing = saved
 
     def end_forward(self) -> Split:
         """The forward is captured: checks that a model written with ``Block``
@@ -127,6 +146,16 @@ class _BlockCapture:
 
 
 _local = threading.local()
+
+
+def recompute_state() -> Optional[Callable[[], ContextManager[None]]]:
+    """Where the forward is now among the blocks, to begin a checkpointed part's
+    recomputation there (see _recompute.py); None outside a capture."""
+    capture = _active()
+    if capture is None:
+        return None
+    where = (capture._current, list(capture._enclosing), capture._next_auto_id)
+    return lambda: capture.recomputing(*where)
 
 
 def _active() -> Optional[_BlockCapture]:

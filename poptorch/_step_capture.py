@@ -27,6 +27,7 @@ import torch.utils._pytree as pytree
 from . import _C
 from . import _buffers
 from . import _precision
+from . import _recompute
 from ._held_parameters import device_parameters
 from ._host_constants import HostConstants
 from ._annotations import Split, capturing_blocks, outside_blocks
@@ -70,6 +71,14 @@ def _in_modes(modes: List[Tuple[torch.nn.Module, bool]]) -> Iterator[None]:
     finally:
         for module, training in current:
             module.training = training
+
+
+@contextlib.contextmanager
+def _capture_modes() -> Iterator[None]:
+    """The forward's capture modes, for a checkpointed part run again in
+    backward (see _recompute.py)."""
+    with HostConstants(), Float64Demotion():
+        yield
 
 
 @contextlib.contextmanager
@@ -177,8 +186,8 @@ class StepCapture:
                 # HostConstants first: the modes entered later see a call first
                 # (Float64Demotion's 32-bit dtypes reach HostConstants).
                 with _precision.forward_casting(self.precision, self.model), HostConstants(), \
-                        Float64Demotion(), overlap_checks.checking((self._args, self._kwargs)) \
-                        as overlaps, \
+                        Float64Demotion(), _recompute.capture_modes(_capture_modes), \
+                        overlap_checks.checking((self._args, self._kwargs)) as overlaps, \
                         device_parameters(self.model, self._state.host, self._state.tensors), \
                         _buffers.kept_in_forward(self.model, {**self._state.tensors, **rows}):
                     outputs = torch.func.functional_call(self.model, tensors, self._args,
@@ -280,8 +289,14 @@ class StepCapture:
                 loss = loss.sum()
             if self.mean.loss != 1.0:  # MeanReductionStrategy.PostAndLoss
                 loss = loss * self.mean.loss
-            grads = torch.autograd.grad(loss * self.optimizer.grad_scale, self.trainable,
-                                        allow_unused=True)
+            # backward(), as on the CPU, not autograd.grad: reentrant gradient
+            # checkpointing (use_reentrant=True) refuses the latter.
+            for p in self.trainable:
+                p.grad = None
+            (loss * self.optimizer.grad_scale).backward()
+            grads = [p.grad for p in self.trainable]
+            for p in self.trainable:
+                p.grad = None
         gradients = {id(p): g for p, g in zip(self.trainable, grads) if g is not None}
         if self.anchors is not None:  # an anchored gradient that is missing is an error
             self.anchors.take_gradients(gradients, self.optimizer.grad_scale)

@@ -24,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import (Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence,
+                    Tuple, TypeVar)
 
 import torch
 import torch.nn.functional as F
@@ -274,9 +275,10 @@ class _CastingMode(TorchFunctionMode):
     (inside autocast regions) and the half/float casting rule."""
 
     def __init__(self, policy: Policy, rule: Optional[HalfFloatCastingBehavior],
-                 enabled: bool) -> None:
+                 enabled: bool, model: Optional[torch.nn.Module] = None) -> None:
         super().__init__()
         self.policy = policy
+        self.model = model  # whose layers' classes the policy names
         # None: PyTorch's own type promotion, with no casts outside the policy (lazy mode).
         self.mixed_dtype = None if rule is None else (
             _FLOAT if rule == HalfFloatCastingBehavior.HalfUpcastToFloat else _HALF)
@@ -363,7 +365,7 @@ def casting(policy: Policy, rule: Optional[HalfFloatCastingBehavior], enabled: b
     """Applies the policy (inside autocast regions) and the casting rule (None:
     PyTorch's) to the operations this thread calls; with ``model``, its layers' ``autocast()``
     settings and the policy's layer classes apply too."""
-    mode = _CastingMode(policy, rule, enabled)
+    mode = _CastingMode(policy, rule, enabled, model)
     previous, _local.mode = _active_mode(), mode
     hooks = _layer_hooks(model, mode) if model is not None and enabled else []
     try:
@@ -373,6 +375,33 @@ def casting(policy: Policy, rule: Optional[HalfFloatCastingBehavior], enabled: b
         for hook in hooks:
             hook.remove()
         _local.mode = previous
+
+
+def recompute_state() -> Optional[Callable[[], ContextManager[None]]]:
+    """The casts in force now, to apply again when a checkpointed part of the
+    forward (torch.utils.checkpoint) runs again in backward, outside the
+    casting mode and the regions (see _recompute.py); None when no casting
+    mode is active."""
+    mode = _active_mode()
+    if mode is None:
+        return None
+    regions, layers = list(_regions()), list(mode.layers)
+
+    @contextlib.contextmanager
+    def again() -> Iterator[None]:
+        saved = (_active_mode(), _regions(), mode.layers)
+        _local.mode, _local.regions, mode.layers = mode, list(regions), list(layers)
+        hooks = (_layer_hooks(mode.model, mode) if mode.model is not None and mode.enabled
+                 else [])
+        try:
+            with mode:
+                yield
+        finally:
+            for hook in hooks:
+                hook.remove()
+            _local.mode, _local.regions, mode.layers = saved
+
+    return again
 
 
 def _layer_hooks(model: torch.nn.Module, mode: _CastingMode) -> List[Any]:

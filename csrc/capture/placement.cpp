@@ -13,6 +13,7 @@ namespace {
 struct ThreadPlacements {
   bool recording = false;
   bool in_forward = false;
+  int recomputing = 0;  // nesting depth of beginRecompute
   ir::Placement current;
   // (first autograd sequence number, block) in the order blocks began.
   std::vector<std::pair<uint64_t, ir::Placement>> by_sequence;
@@ -54,8 +55,16 @@ void endForward() {
 
 void endPlacements() { state = ThreadPlacements{}; }
 
+void beginRecompute() { ++state.recomputing; }
+
+void endRecompute() {
+  if (state.recomputing > 0) --state.recomputing;
+  if (state.recomputing == 0 && !state.in_forward) state.current = ir::Placement{};
+}
+
 ir::Placement placeCapturedOp(const ir::Node& node, const std::function<int()>& inputs_ipu) {
   if (!state.recording) return {};
+  if (state.recomputing > 0) return state.current;
   if (std::optional<ir::Placement> backward = backwardPlacement()) return *backward;
   if (!state.in_forward) {
     ir::Placement outside;

@@ -28,6 +28,12 @@ void endForward();
 // Stops recording placements on this thread.
 void endPlacements();
 
+// A checkpointed part of the forward (torch.utils.checkpoint) runs again in
+// backward: until endRecompute, ops take the block setBlock names, as they
+// did in the forward, not the block of the backward node being run.
+void beginRecompute();
+void endRecompute();
+
 // The placement of `node`, captured now on this thread (the default outside
 // beginPlacements/endPlacements); counted in forwardBlockUse when forward.
 // After the forward, outside the backward, a node is in no block and runs on

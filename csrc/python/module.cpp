@@ -499,6 +499,9 @@ PYBIND11_MODULE(_C, m) {
       "This thread's next forward ops belong to this block.");
   m.def("end_forward", &capture::endForward, "The forward of the captured step has ended.");
   m.def("end_placements", &capture::endPlacements);
+  m.def("begin_recompute", &capture::beginRecompute,
+        "This thread recomputes a checkpointed part of the forward: ops take set_block's block.");
+  m.def("end_recompute", &capture::endRecompute);
   m.def("forward_block_use", &forwardBlockUse,
         "(block, nodes, first op) of the forward captured since begin_placements.");
   m.def("discard_pending_graph", [] {
