@@ -94,9 +94,10 @@ def log_update(describe_defaults: str, describe_groups: Iterable[str]) -> None:
 
 def _public_attributes(optimizer: torch.optim.Optimizer) -> Set[str]:
     """The optimiser's own attributes: not torch's state and groups, nor
-    private ones (torch and its LR schedulers add those as they go)."""
-    return {name for name in vars(optimizer)
-            if not name.startswith("_") and name not in
+    private ones or functions (torch and its LR schedulers add those as they
+    go: a scheduler replaces ``optimizer.step`` with a wrapper)."""
+    return {name for name, value in vars(optimizer).items()
+            if not name.startswith("_") and not callable(value) and name not in
             ("defaults", "state", "param_groups", "variable_attrs")}
 
 

@@ -92,6 +92,20 @@ def test_attributes_present_when_compiling_are_not_reported(log):
     assert not lines(log, "Ignoring unexpected")
 
 
+def test_an_lr_scheduler_made_after_compiling_is_not_reported(log):
+    # It wraps optimizer.step (an attribute of the optimiser) and its step()
+    # changes the learning rate, which the next call takes.
+    model = net()
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.05)
+    training = poptorch.trainingModel(model, optimizer=optimizer)
+    training(*batch(0))
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, 0.5)
+    scheduler.step()
+    training(*batch(1))
+    training.setOptimizer(optimizer)
+    assert not lines(log, "unexpected optimizer attribute")
+
+
 def test_adam_takes_amsgrad_as_an_attribute_passed():
     model = net()
     assert not poptorch.optim.Adam(model.parameters(), amsgrad=False).variable_attrs.isConstant(
