@@ -132,3 +132,24 @@ def test_inference_graphs_run_at_once_when_nothing_is_pending():
         out = compiled(x + 1)  # joins the pending add
         assert _executions() - before == 0
         torch.testing.assert_close(out.cpu(), torch.relu(x.cpu() + 1) * 2)
+
+
+def test_an_error_in_a_joined_graph_is_the_cpus_at_the_read():
+    def f(w, i):
+        return (w[i] * 2).sum()
+
+    compiled = torch.compile(f, backend="ipu")
+    weight = torch.randn(5, 3)
+    w = weight.to("ipu").requires_grad_()
+    compiled(w, torch.tensor([0, 1]).to("ipu")).backward()  # captured
+    w.grad = None
+    with pytest.raises(IndexError) as on_the_cpu:
+        f(weight, torch.tensor([0, 7]))
+    out = compiled(w, torch.tensor([0, 7]).to("ipu"))  # joined: nothing runs yet
+    with pytest.raises(IndexError, match=str(on_the_cpu.value)):
+        out.item()
+    out = compiled(w, torch.tensor([1, 2]).to("ipu"))
+    out.backward()
+    torch.testing.assert_close(out.detach().cpu(), f(weight, torch.tensor([1, 2])))
+    torch.testing.assert_close(w.grad.cpu(), torch.tensor([[0.0] * 3, [2.0] * 3, [2.0] * 3,
+                                                           [0.0] * 3, [0.0] * 3]))
