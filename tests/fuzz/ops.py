@@ -719,7 +719,9 @@ def _out(c: Chooser) -> Line:
     kind = c.pick(("add", "mul", "abs", "neg", "sum", "amax", "mean", "matmul", "cat", "where",
                    "clamp", "exp", "cumsum", "index_select", "arange", "linspace", "sort"))
     partner = broadcast_partner(c, t.shape) if kind in ("add", "mul") else None
-    result_shape = t.shape if partner is None else torch.broadcast_shapes(t.shape, partner)
+    # An empty dimension does not broadcast with a longer one: the CPU raises, any out= will do.
+    result_shape = t.shape if partner is None or not broadcasts(t.shape, partner) else \
+        torch.broadcast_shapes(t.shape, partner)
     out, where = _out_tensor(c, t.dtype if kind not in ("arange", "linspace") else
                              torch.float32,
                              t if kind in ("sum", "amax", "mean", "matmul", "cumsum") +
@@ -809,10 +811,11 @@ def _binary(c: Chooser) -> Line:
     if name in _DIVIDES or name == "pow":
         # An integer result: a zero divisor or a negative exponent among the values is an
         # error only the values show. Allowed with a python literal (checked at the call).
-        result = torch.result_type(t, c.probe(b) if kind != 0 else eval(b))
+        # A scalar read from the ipu earlier is a name: probe() evaluates it in the run's names.
+        result = torch.result_type(t, c.probe(b))
         integral = not (result.is_floating_point or result.is_complex)
         literal = kind == 0 and b not in c.ns
-        if integral and not (literal and (name == "pow" or eval(b) != 0)):
+        if integral and not (literal and (name == "pow" or c.probe(b) != 0)):
             raise Skip
     if operator and c.flag():
         if kind == 0 and c.flag() and name not in _DIVIDES + ("pow",):  # the scalar on the left (radd, rsub, rpow...)
