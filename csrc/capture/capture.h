@@ -4,12 +4,14 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "capture/device_queue.h"
 #include "capture/meta_inference.h"
+#include "capture/op_traits.h"
 #include "ir/graph.h"
 
 namespace poptorch::capture {
@@ -48,6 +50,21 @@ size_t writtenArgumentIndex(const c10::FunctionSchema& schema, size_t return_ind
 std::optional<std::vector<c10::IValue>> captureBorrowed(const c10::OperatorHandle& op,
                                                         c10::ArrayRef<c10::IValue> arguments,
                                                         bool allow_several_ipus = false);
+
+// An operator an unboxed kernel captures (unboxed.h), looked up once: its
+// handle, its traits, and whether it is capturable at all (it has a CPU kernel
+// and a Meta kernel, and its output shape never depends on the data), which
+// no later registration changes for the ATen operators that get such kernels.
+struct UnboxedOp {
+  UnboxedOp(const char* name, const char* overload);
+  c10::OperatorHandle op;
+  std::unique_ptr<OpTraits> traits;
+  bool capturable;
+};
+
+// captureBorrowed for an unboxed kernel's operator.
+std::optional<std::vector<c10::IValue>> captureBorrowed(const UnboxedOp& unboxed,
+                                                        c10::ArrayRef<c10::IValue> arguments);
 
 // The ipu device `op` runs on (a factory: the one it asks for). Host tensors
 // in its index lists are uploaded there, on the stack.

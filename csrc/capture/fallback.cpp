@@ -36,6 +36,8 @@ namespace {
 
 // The ipu device the op runs on. Host tensors may only be 0-dim scalars, as
 // for CUDA; host index tensors in Tensor?[] lists are uploaded by the caller.
+// An ipu tensor whose value a failed graph could not compute raises that
+// graph's error wherever it is used (see device::poison), before this.
 std::optional<c10::Device> commonDevice(const c10::OperatorHandle& op, const OpTraits& traits,
                                         c10::ArrayRef<c10::IValue> arguments,
                                         bool allow_several_ipus) {
@@ -46,6 +48,7 @@ std::optional<c10::Device> commonDevice(const c10::OperatorHandle& op, const OpT
     forEachTensor(arguments[i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
       if (t.is_ipu()) {
+        device::checkNotPoisoned(*t.storage().unsafeGetStorageImpl());
         if (!ipu) ipu = t.device();
         if (*ipu != t.device() && !allow_several_ipus) other = t.device();
       } else if (!(t.is_cpu() && (in_index_list || (t.dim() == 0 && arguments[i].isTensor())))) {
@@ -58,16 +61,6 @@ std::optional<c10::Device> commonDevice(const c10::OperatorHandle& op, const OpT
               "least two devices, ",
               *ipu, " and ", *other, "! (in ", opName(op), "; move them with .to(\"", *ipu, "\"))");
   return ipu;
-}
-
-// An ipu tensor whose value a failed graph could not compute raises that
-// graph's error wherever it is used (see device::poison).
-void checkNoneIsPoisoned(c10::ArrayRef<c10::IValue> arguments) {
-  for (const c10::IValue& value : arguments) {
-    forEachTensor(value, [](const at::Tensor& t) {
-      if (t.defined() && t.is_ipu()) device::checkNotPoisoned(*t.storage().unsafeGetStorageImpl());
-    });
-  }
 }
 
 // The device of an op with no ipu tensor argument: a factory asked for an ipu.
@@ -353,6 +346,7 @@ std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& t
     pending.noteWarning(warning);
   }
   ir::Node node(op);
+  node.inputs.reserve(traits.tensor_args);
   node.guard = guard;
   node.deterministic = at::globalContext().deterministicAlgorithms();
   node.deterministic_warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();
@@ -491,7 +485,6 @@ void replaceArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack, s
 // The ipu device the op runs on, from its arguments as they are.
 c10::Device deviceOf(const c10::OperatorHandle& op, const OpTraits& traits,
                      c10::ArrayRef<c10::IValue> arguments, bool allow_several_ipus) {
-  checkNoneIsPoisoned(arguments);
   std::optional<c10::Device> device = commonDevice(op, traits, arguments, allow_several_ipus);
   return device ? *device : factoryDevice(arguments);
 }
@@ -531,7 +524,7 @@ bool capture(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::
 // CPU kernel's IndexError poisons the result, docs/architecture.md).
 bool shapeFixedByArguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
   static const c10::OperatorName kIndex("aten::index", "Tensor");
-  if (op.operator_name() != kIndex) return false;
+  if (op.operator_name() != kIndex || arguments.size() < 2) return false;
   for (const c10::IValue& element : arguments[1].toListRef()) {
     if (!element.isTensor() || !element.toTensor().defined()) continue;
     const c10::ScalarType dtype = element.toTensor().scalar_type();
@@ -550,7 +543,8 @@ bool checksErrors(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> argu
   return false;
 }
 
-// Why `op` is not captured with `arguments`, or null.
+// Why `op` is not captured with `arguments`, or null. Without arguments: why
+// it is not captured whatever they are.
 const char* uncapturedReason(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
   if (op.hasTag(at::Tag::dynamic_output_shape) && !shapeFixedByArguments(op, arguments)) {
     return "its output shape depends on the data";
@@ -559,6 +553,19 @@ const char* uncapturedReason(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
     return "it has no Meta kernel to infer its output shape";
   }
   return nullptr;
+}
+
+// captureBorrowed for an op that has a CPU kernel and whose output shape
+// these arguments fix.
+std::optional<std::vector<c10::IValue>> captureBorrowedCapturable(
+    const c10::OperatorHandle& op, const OpTraits& traits, c10::ArrayRef<c10::IValue> arguments,
+    bool allow_several_ipus) {
+  if (preparingChangesArguments(traits)) return std::nullopt;
+  checkNotQuantized(op, traits, arguments);
+  const c10::Device device = deviceOf(op, traits, arguments, allow_several_ipus);
+  const std::shared_ptr<const MetaResult> meta = inferMeta(op, arguments);
+  if (!meta) return std::nullopt;
+  return recordCall(op, traits, arguments, device, *meta);
 }
 
 }  // namespace
@@ -647,17 +654,24 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
 std::optional<std::vector<c10::IValue>> captureBorrowed(const c10::OperatorHandle& op,
                                                         c10::ArrayRef<c10::IValue> arguments,
                                                         bool allow_several_ipus) {
-  const OpTraits& traits = traitsOf(op);
-  if (preparingChangesArguments(traits) ||
-      !op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) ||
+  if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) ||
       uncapturedReason(op, arguments)) {
     return std::nullopt;
   }
-  checkNotQuantized(op, traits, arguments);
-  const c10::Device device = deviceOf(op, traits, arguments, allow_several_ipus);
-  const std::shared_ptr<const MetaResult> meta = inferMeta(op, arguments);
-  if (!meta) return std::nullopt;
-  return recordCall(op, traits, arguments, device, *meta);
+  return captureBorrowedCapturable(op, traitsOf(op), arguments, allow_several_ipus);
+}
+
+UnboxedOp::UnboxedOp(const char* name, const char* overload)
+    : op(c10::Dispatcher::singleton().findSchemaOrThrow(name, overload)),
+      traits(computeTraits(op)),
+      capturable(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) &&
+                 uncapturedReason(op, {}) == nullptr) {}
+
+std::optional<std::vector<c10::IValue>> captureBorrowed(const UnboxedOp& unboxed,
+                                                        c10::ArrayRef<c10::IValue> arguments) {
+  if (!unboxed.capturable) return std::nullopt;
+  return captureBorrowedCapturable(unboxed.op, *unboxed.traits, arguments,
+                                   /*allow_several_ipus=*/false);
 }
 
 void synchronize() {

@@ -27,6 +27,8 @@ ArgTraits argTraits(const c10::Argument& argument) {
   return traits;
 }
 
+}  // namespace
+
 std::unique_ptr<OpTraits> computeTraits(const c10::OperatorHandle& op) {
   auto traits = std::make_unique<OpTraits>(op.operator_name());
   const c10::FunctionSchema& schema = op.schema();
@@ -34,7 +36,9 @@ std::unique_ptr<OpTraits> computeTraits(const c10::OperatorHandle& op) {
     const c10::Argument& argument = schema.arguments()[i];
     traits->args.push_back(argTraits(argument));
     traits->any_optional_tensor_list |= traits->args.back().optional_tensor_list;
-    if (withoutOptional(argument.type())->kind() == c10::TypeKind::GeneratorType) {
+    const c10::TypeKind kind = withoutOptional(argument.type())->kind();
+    if (kind == c10::TypeKind::TensorType) ++traits->tensor_args;
+    if (kind == c10::TypeKind::GeneratorType) {
       traits->generator_arg = static_cast<int32_t>(i);
     }
   }
@@ -46,8 +50,6 @@ std::unique_ptr<OpTraits> computeTraits(const c10::OperatorHandle& op) {
   }
   return traits;
 }
-
-}  // namespace
 
 const OpTraits& traitsOf(const c10::OperatorHandle& op) {
   // Keyed by the schema's address, which lives as long as the operator's

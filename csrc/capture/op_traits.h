@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,7 @@ struct OpTraits {
 
   c10::OperatorName name;
   std::vector<ArgTraits> args;  // one per schema argument
+  size_t tensor_args = 0;       // Tensor and Tensor? arguments (a node's inputs but lists')
   bool pointwise = false;
   bool any_optional_tensor_list = false;
   int32_t generator_arg = -1;  // the Generator? argument, if any
@@ -41,5 +43,8 @@ struct OpTraits {
 
 // The traits of `op`, from this thread's table (no lock).
 const OpTraits& traitsOf(const c10::OperatorHandle& op);
+
+// The traits of `op`, worked out now (for a caller that keeps them).
+std::unique_ptr<OpTraits> computeTraits(const c10::OperatorHandle& op);
 
 }  // namespace poptorch::capture

@@ -97,12 +97,12 @@ struct UnboxedCapture;
 template <class Op, class Ret, class... Args>
 struct UnboxedCapture<Op, Ret(Args...)> {
   static Ret call(c10::DispatchKeySet keys, Args... args) {
-    static const c10::OperatorHandle op =
-        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    static const UnboxedOp unboxed(Op::name, Op::overload_name);
+    const c10::OperatorHandle& op = unboxed.op;
     std::optional<std::vector<c10::IValue>> results;
     {
       const BorrowedArguments arguments(args...);
-      results = captureBorrowed(op, arguments.values());
+      results = captureBorrowed(unboxed, arguments.values());
     }
     if (!results) {
       return c10::impl::BoxedKernelWrapper<Ret(Args...)>::call(
