@@ -89,6 +89,12 @@ class ExecutorInputs:
             raise Error(f"Type mismatch for {name}: expected Tensor but got "
                         f"{type(leaf).__name__}: {static}")
         elif tuple(leaf.shape) != shape:
+            if leaf.dim() == len(shape) > 1 and leaf.shape[0] == shape[0]:
+                # Not a short last batch: a sequence that grows (a generation loop), say.
+                static = ("PopTorch compiles a static graph, so shapes must stay the same: pad "
+                          "the input to one length (the longest), or call destroy() to compile "
+                          "again; lazy mode (model.to('ipu')) compiles each new shape once and "
+                          "keeps it")
             raise Error(f"Shape mismatch for {name}: expected {torch.Size(shape)} but got "
                         f"{leaf.shape}: {static}")
         elif leaf.dtype != dtype:
