@@ -196,3 +196,50 @@ INTEGERS_INTO_FLOAT_OUT: Dict[str, Callable[[str], torch.Tensor]] = {
 @pytest.mark.parametrize("case", sorted(INTEGERS_INTO_FLOAT_OUT))
 def test_integer_inputs_into_a_float_out_compute_as_on_the_cpu(case, default):
     assert_same(*captured_under(default, INTEGERS_INTO_FLOAT_OUT[case]))
+
+
+class QuotientsOrTriple(torch.nn.Module):
+    """A value read on the host picks the variant of the step."""
+
+    def forward(self, a, b, flag):
+        q = a / b
+        if bool(flag.any()):
+            q = q * 3
+        return q
+
+
+def test_a_step_captured_again_in_the_replay_computes_in_the_default_of_its_compilation():
+    """Variants captured while a call runs (a value read on the host changed
+    from one micro-batch to the next) compute in the default dtype of the call,
+    which is the compilation's: another default is refused before anything runs."""
+    a, b, _ = inputs("cpu")
+    a, b = a.repeat(2, 1), b.repeat(2, 1)
+    flags = torch.tensor([[0], [1]])
+    model = poptorch.inferenceModel(QuotientsOrTriple(), poptorch.Options().deviceIterations(2))
+    with default_dtype(torch.bfloat16):
+        expected = torch.cat([QuotientsOrTriple()(a[i:i + 1], b[i:i + 1], flags[i])
+                              for i in range(2)])
+        first = model(a, b, flags)  # the second micro-batch captures a variant
+        swapped = model(a.flip(0), b.flip(0), flags.flip(0))
+    assert len(model._micro_step) == 2
+    assert_same(expected, first)
+    assert_same(expected.flip(0), swapped)
+    with pytest.raises(poptorch.Error, match=r"torch.float32, but the model was compiled when it was torch.bfloat16"):
+        model(a, b, flags)
+
+
+def test_a_compiled_function_captured_again_computes_in_the_default_of_its_call():
+    """torch.compile(backend="ipu"): a graph captured again for another input
+    shape (or recompiled by dynamo for another default) computes in the default
+    dtype of the call that captured it, as the CPU's does."""
+    def quotients(a, b):
+        return (a / b) * 0.1
+
+    compiled = torch.compile(quotients, backend="ipu", dynamic=False)
+    a, b, _ = inputs("cpu")
+    for default in (torch.float32, torch.bfloat16, torch.float16, torch.float32):
+        for rows in (a, a[:3]):
+            with default_dtype(default):
+                expected = quotients(rows, b[:len(rows)])
+                got = compiled(rows.to("ipu"), b[:len(rows)].to("ipu"))
+            assert_same(expected, got)
