@@ -3,7 +3,7 @@ with the state of the call too, although the captured graph runs later, maybe on
 another thread: the default dtype (int / int, an int tensor times a Python float)."""
 import contextlib
 import threading
-from typing import Callable, Dict, Iterator, Tuple
+from typing import Any, Callable, Dict, Iterator, Tuple
 
 import pytest
 import torch
@@ -161,8 +161,29 @@ def test_an_in_place_comparison_writes_its_view_and_nothing_else():
 def test_an_in_place_comparison_under_a_float64_default_is_refused():
     """The CPU computes in float64, which the ipu has not: the clear error, at the call."""
     with default_dtype(torch.float64), \
-            pytest.raises(TypeError, match="cannot hold Double.*torch.set_default_dtype"):
+            pytest.raises(RuntimeError, match="cannot hold Double.*torch.set_default_dtype"):
         near_powers_of_two("ipu").lt_(256.3)
+
+
+# Integer tensors with Python floats compute in the default dtype on the CPU.
+OPERATORS: Dict[str, Callable[[torch.Tensor], Any]] = {
+    "gt": lambda a: a > 0.5, "lt": lambda a: a < 0.5, "ge": lambda a: a >= 0.5,
+    "le": lambda a: a <= 0.5, "eq": lambda a: a == 0.5, "ne": lambda a: a != 0.5,
+    "reflected_lt": lambda a: 0.5 < a, "reflected_eq": lambda a: 0.5 == a,
+    "add": lambda a: a + 0.5, "reflected_mul": lambda a: 0.5 * a, "div": lambda a: a / 2,
+    "method_gt": lambda a: a.gt(0.5),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPERATORS))
+def test_operators_under_a_float64_default_raise_the_clear_error(case):
+    """Python's operators turn a TypeError into NotImplemented: `a > 0.5` said
+    "'>' not supported between instances of 'Tensor' and 'float'" and `a == 0.5`
+    returned False (identity). The refusal is a RuntimeError, which they pass on."""
+    a = near_powers_of_two("ipu")
+    with default_dtype(torch.float64), \
+            pytest.raises(RuntimeError, match="cannot hold Double.*torch.set_default_dtype"):
+        OPERATORS[case](a)
 
 
 def wrapping_pair(device: str, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:

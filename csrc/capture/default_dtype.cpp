@@ -8,6 +8,7 @@
 #include <string>
 
 #include "capture/op_traits.h"
+#include "device/ipu_tensor.h"
 
 namespace poptorch::capture {
 namespace {
@@ -234,7 +235,14 @@ DefaultDtypeCasts defaultDtypeCasts(const c10::OperatorHandle& op,
                                     c10::ArrayRef<c10::IValue> arguments, const MetaResult& result,
                                     const MetaRunner& infer) {
   DefaultDtypeCasts casts = castsOfTheOp(op, arguments, result, infer);
-  return casts.any() ? casts : castsOfTheTwin(op, arguments, infer);
+  if (!casts.any()) casts = castsOfTheTwin(op, arguments, infer);
+  // A float64 default would make the op compute in float64. Refused here, at
+  // the call, and not as a TypeError (which making a float64 tensor raises, as
+  // on MPS): Python's operators turn a TypeError into NotImplemented, so
+  // `a > 0.5` said "'>' not supported" and `a == 0.5` compared identities (False).
+  TORCH_CHECK(!casts.any() || !device::isUnsupportedDtype(casts.dtype),
+              device::unsupportedDtypeMessage(casts.dtype));
+  return casts;
 }
 
 std::vector<c10::IValue> castArguments(c10::ArrayRef<c10::IValue> arguments,

@@ -45,13 +45,21 @@ bool setFloat64ScalarsAllowed(bool allowed) {
   return std::exchange(float64_scalars_allowed, allowed);
 }
 
+bool isUnsupportedDtype(c10::ScalarType dtype) {
+  return dtype == c10::ScalarType::Double || dtype == c10::ScalarType::ComplexDouble;
+}
+
+std::string unsupportedDtypeMessage(c10::ScalarType dtype) {
+  return c10::str("ipu tensors cannot hold ", c10::toString(dtype),
+                  ": IPUs have no 64-bit floating point. Use float32 (tensor.float(), "
+                  "model.float()) or complex64 before moving to the ipu.",
+                  defaultDtypeHint());
+}
+
 void checkSupportedDtype(c10::ScalarType dtype, bool scalar) {
-  if (dtype != c10::ScalarType::Double && dtype != c10::ScalarType::ComplexDouble) return;
+  if (!isUnsupportedDtype(dtype)) return;
   if ((scalar && float64_scalars_allowed) || inDerivativeFormula()) return;
-  TORCH_CHECK_TYPE(false, "ipu tensors cannot hold ", c10::toString(dtype),
-                   ": IPUs have no 64-bit floating point. Use float32 (tensor.float(), "
-                   "model.float()) or complex64 before moving to the ipu.",
-                   defaultDtypeHint());
+  TORCH_CHECK_TYPE(false, unsupportedDtypeMessage(dtype));
 }
 
 at::Tensor emptyIpuTensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,

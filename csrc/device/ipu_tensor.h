@@ -3,12 +3,19 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
+
 namespace poptorch::device {
 
 // Throws a TypeError for dtypes an IPU cannot hold (64-bit floating point), unless
 // `scalar` (a 0-dim tensor) and this thread allows float64 scalars, or the autograd
 // engine is applying one of PyTorch's derivative formulas (whose own float64 it is).
 void checkSupportedDtype(c10::ScalarType dtype, bool scalar = false);
+
+// True for the dtypes an IPU cannot hold; why, and what to do (the message of
+// checkSupportedDtype's error).
+bool isUnsupportedDtype(c10::ScalarType dtype);
+std::string unsupportedDtypeMessage(c10::ScalarType dtype);
 
 // Whether this thread may make 0-dim float64 ipu tensors; returns the previous setting.
 // Only torch.amp.GradScaler needs them: it computes its inverse scale as
