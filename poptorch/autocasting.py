@@ -365,9 +365,15 @@ def casting(policy: Policy, rule: Optional[HalfFloatCastingBehavior], enabled: b
     """Applies the policy (inside autocast regions) and the casting rule (None:
     PyTorch's) to the operations this thread calls; with ``model``, its layers' ``autocast()``
     settings and the policy's layer classes apply too."""
-    mode = _CastingMode(policy, rule, enabled, model)
+    with _in_mode(_CastingMode(policy, rule, enabled, model)):
+        yield
+
+
+@contextlib.contextmanager
+def _in_mode(mode: _CastingMode) -> Iterator[None]:
+    """``mode`` applies to this thread's operations, and to its model's layers."""
     previous, _local.mode = _active_mode(), mode
-    hooks = _layer_hooks(model, mode) if model is not None and enabled else []
+    hooks = _layer_hooks(mode.model, mode) if mode.model is not None and mode.enabled else []
     try:
         with mode:
             yield
@@ -389,17 +395,13 @@ def recompute_state() -> Optional[Callable[[], ContextManager[None]]]:
 
     @contextlib.contextmanager
     def again() -> Iterator[None]:
-        saved = (_active_mode(), _regions(), mode.layers)
-        _local.mode, _local.regions, mode.layers = mode, list(regions), list(layers)
-        hooks = (_layer_hooks(mode.model, mode) if mode.model is not None and mode.enabled
-                 else [])
+        saved = (_regions(), mode.layers)
+        _local.regions, mode.layers = list(regions), list(layers)
         try:
-            with mode:
+            with _in_mode(mode):
                 yield
         finally:
-            for hook in hooks:
-                hook.remove()
-            _local.mode, _local.regions, mode.layers = saved
+            _local.regions, mode.layers = saved
 
     return again
 

@@ -14,6 +14,18 @@ OPTIMIZERS = {
 }
 
 
+def beside_the_cpu(model_class, name, accumulation=2):
+    """A new model wrapped in a trainingModel accumulating `accumulation`
+    micro-batches with optimiser `name`, and its CPU copy with its own."""
+    torch.manual_seed(0)
+    model = model_class()
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(accumulation)
+    ipu = poptorch.trainingModel(model, opts, OPTIMIZERS[name](model.parameters()))
+    return model, reference, ipu, OPTIMIZERS[name](reference.parameters()), accumulation
+
+
 class OneUnusedLayer(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -27,14 +39,7 @@ class OneUnusedLayer(torch.nn.Module):
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_a_parameter_without_gradient_is_not_updated(name):
-    torch.manual_seed(0)
-    model = OneUnusedLayer()
-    reference = copy.deepcopy(model)
-    accumulation = 2
-    opts = poptorch.Options()
-    opts.Training.gradientAccumulation(accumulation)
-    ipu = poptorch.trainingModel(model, opts, OPTIMIZERS[name](model.parameters()))
-    optimizer = OPTIMIZERS[name](reference.parameters())
+    model, reference, ipu, optimizer, accumulation = beside_the_cpu(OneUnusedLayer, name)
     for _ in range(3):
         x, y = torch.randn(accumulation * 2, 4), torch.randn(accumulation * 2, 4)
         ipu(x, y)
@@ -76,14 +81,7 @@ def test_variants_update_the_parameters_their_micro_batches_trained(name, order)
     """A step whose micro-batches all took the variant without `sometimes`
     leaves it and its optimiser state alone, as torch.optim skips a parameter
     whose .grad is None; a step where any micro-batch trained it updates it."""
-    torch.manual_seed(0)
-    model = Branching()
-    reference = copy.deepcopy(model)
-    accumulation = 2
-    opts = poptorch.Options()
-    opts.Training.gradientAccumulation(accumulation)
-    ipu = poptorch.trainingModel(model, opts, OPTIMIZERS[name](model.parameters()))
-    optimizer = OPTIMIZERS[name](reference.parameters())
+    model, reference, ipu, optimizer, accumulation = beside_the_cpu(Branching, name)
     for flags in ORDERS[order]:
         x, y = torch.randn(accumulation * 2, 4), torch.randn(accumulation * 2, 4)
         use = torch.tensor(flags).repeat_interleave(2)
