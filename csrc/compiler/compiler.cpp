@@ -80,10 +80,10 @@ std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key) 
   exe->key = key;
   // Ordered by pipeline stage before memory is planned: a pipeline runs each
   // stage's nodes as one range, and temporaries are planned in that order.
-  exe->program = orderByPipelineStage(
-      passes::useFastTanh(passes::useCounterBasedRandomFills(passes::planLayouts(
-          passes::forwardCopies(passes::fuseMatmulActivations(passes::fuseMatmulBias(
-              passes::eliminateCommonSubexpressions(passes::eliminateDeadCode(graph)))))))));
+  exe->program = orderByPipelineStage(passes::useFastTanh(
+      passes::useCounterBasedRandomFills(passes::planLayouts(passes::forwardCopies(
+          passes::fuseTanhGelu(passes::fuseMatmulActivations(passes::fuseMatmulBias(
+              passes::eliminateCommonSubexpressions(passes::eliminateDeadCode(graph))))))))));
   exe->roles = assignRoles(exe->program);
   exe->flexible_layout = findFlexibleLayouts(exe->program, exe->roles);
 

@@ -99,8 +99,8 @@ bool Node::hasHostEffects() const {
   if (guard != Guard::kNone) return false;
   const std::string& qualified = op.operator_name().name;
   // poptorch's fused kernels (csrc/kernels) compute on their arguments only.
-  static constexpr std::string_view kFusedKernels[] = {"poptorch::sgd_momentum_",
-                                                       "poptorch::bernoulli_"};
+  static constexpr std::string_view kFusedKernels[] = {
+      "poptorch::sgd_momentum_", "poptorch::bernoulli_", "poptorch::tanh", "poptorch::tanh_gelu"};
   if (std::find(std::begin(kFusedKernels), std::end(kFusedKernels), qualified) !=
       std::end(kFusedKernels)) {
     return false;

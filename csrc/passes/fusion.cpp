@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "passes/passes.h"
+#include "passes/sole_readers.h"
 
 namespace poptorch::passes {
 namespace {
@@ -91,18 +92,7 @@ ir::Graph fuseMatmulBias(ir::Graph graph) {
 }
 
 ir::Graph fuseMatmulActivations(ir::Graph graph) {
-  // Per buffer: the one node that reads it (-1: none yet, -2: several), and
-  // whether any node writes it in place.
-  std::vector<int32_t> reader(graph.buffers.size(), -1);
-  std::vector<bool> written(graph.buffers.size(), false);
-  for (size_t i = 0; i < graph.nodes.size(); ++i) {
-    const auto index = static_cast<int32_t>(i);
-    for (const ir::TensorRef& in : graph.nodes[i].inputs) {
-      int32_t& r = reader[in.buffer];
-      r = (r == -1 || r == index) ? index : -2;
-    }
-    for (ir::BufferId w : graph.nodes[i].writes) written[w] = true;
-  }
+  const SoleReaders readers(graph);
 
   static const c10::OperatorHandle addmm_activation =
       c10::Dispatcher::singleton().findSchemaOrThrow("aten::_addmm_activation", "");
@@ -111,9 +101,9 @@ ir::Graph fuseMatmulActivations(ir::Graph graph) {
     if (!is(node, "aten::addmm") || node.outputs.size() != 1) continue;
     const ir::TensorRef& product = node.outputs[0];
     const ir::BufferInfo& product_buffer = graph.buffers[product.buffer];
-    const int32_t r = reader[product.buffer];
-    if (product_buffer.existed_before || product_buffer.live_after || written[product.buffer] ||
-        r < 0 || !product.coversWhole(product_buffer.nbytes)) {
+    const int32_t r = readers.soleReader(product.buffer);
+    if (product_buffer.existed_before || product_buffer.live_after ||
+        readers.written(product.buffer) || r < 0 || !product.coversWhole(product_buffer.nbytes)) {
       continue;
     }
     const ir::Node& relu = graph.nodes[r];

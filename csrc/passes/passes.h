@@ -28,6 +28,15 @@ ir::Graph fuseMatmulBias(ir::Graph graph);
 // runs on the product while it is in cache, and the product's temporary goes.
 ir::Graph fuseMatmulActivations(ir::Graph graph);
 
+// Fuses GELU's tanh approximation written as ops, as GPT-2's NewGELUActivation
+// writes it, (x * half) * (tanh((x + alpha * (x ** e * kappa)) * beta) + one),
+// into one poptorch::tanh_gelu (csrc/kernels/tanh_gelu.cpp): one pass over x
+// instead of eight, each op rounded as the CPU rounds it. The scalars stay the
+// captured ops' runtime arguments, so any values run; only float32 chains
+// whose intermediates are temporaries read by the next op alone (in training,
+// the backward reads them: no fusion there).
+ir::Graph fuseTanhGelu(ir::Graph graph);
+
 // Removes a copy_ into a temporary (what .contiguous() and reshape record)
 // whose readers can read its source instead: each reads the same elements
 // through a view of the source's buffer, composed from its view of the copy.

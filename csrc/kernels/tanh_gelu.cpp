@@ -1,0 +1,186 @@
+// poptorch::tanh_gelu and its out= overload: GELU's tanh approximation as
+// GPT-2 writes it, a chain of eight float32 ops,
+//
+//   (self * half) * (tanh((self + alpha * (self ** exponent * kappa)) * beta)
+//                    + one_alpha * one)
+//
+// in one pass over the tensor instead of eight (passes::fuseTanhGelu puts it in
+// place of the chain; the scalars are the chain's own runtime arguments). Each
+// op rounds to float32 as its CPU kernel does, in the same order, and tanh is
+// poptorch::tanh's SLEEF tanhf (kernels/tanh.cpp), so a result equals the
+// unfused program's bit for bit. This file is compiled without floating-point
+// contraction: a multiply followed by an add must stay two roundings.
+//
+// The fast path takes exponents 2 and 3 (products, as the CPU's pow kernel
+// computes them) and alphas of 1; other values, dtypes and layouts, and
+// machines without AVX2, run the chain's ATen ops.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/pow.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+extern "C" __m256 Sleef_tanhf8_u35avx2(__m256 x);
+
+namespace poptorch::kernels {
+namespace {
+
+constexpr int64_t kGrain = 32768;  // elements per task, as TensorIterator splits
+constexpr int64_t kLanes = 8;
+
+bool hasAvx2() {
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return avx2;
+}
+
+// The chain's scalars, as float32 (what each op's CPU kernel computes with).
+struct Coefficients {
+  float half, kappa, beta, one;
+  bool cube;  // exponent 3, else 2
+};
+
+__attribute__((target("avx2,fma"))) inline __m256 geluOf(__m256 x, const Coefficients& c) {
+  const __m256 scaled = _mm256_mul_ps(x, _mm256_set1_ps(c.half));
+  __m256 power = _mm256_mul_ps(x, x);
+  if (c.cube) power = _mm256_mul_ps(power, x);
+  const __m256 inner = _mm256_add_ps(x, _mm256_mul_ps(power, _mm256_set1_ps(c.kappa)));
+  const __m256 t = Sleef_tanhf8_u35avx2(_mm256_mul_ps(inner, _mm256_set1_ps(c.beta)));
+  return _mm256_mul_ps(scaled, _mm256_add_ps(t, _mm256_set1_ps(c.one)));
+}
+
+// The tail goes through the same vector code: an element's value does not
+// depend on where it falls.
+__attribute__((target("avx2,fma"))) void geluRange(const float* in, float* out, int64_t n,
+                                                   const Coefficients& c) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    _mm256_storeu_ps(out + i, geluOf(_mm256_loadu_ps(in + i), c));
+  }
+  if (i == n) return;
+  float tail[kLanes] = {};
+  std::memcpy(tail, in + i, (n - i) * sizeof(float));
+  _mm256_storeu_ps(tail, geluOf(_mm256_loadu_ps(tail), c));
+  std::memcpy(out + i, tail, (n - i) * sizeof(float));
+}
+
+// The chain, op by op, as the unfused program runs it (with poptorch::tanh,
+// which passes::useFastTanh puts in place of a float32 aten::tanh).
+at::Tensor chain(const at::Tensor& self, const at::Tensor& half, const at::Scalar& exponent,
+                 const at::Tensor& kappa, const at::Scalar& alpha, const at::Tensor& beta,
+                 const at::Tensor& one, const at::Scalar& one_alpha) {
+  const at::Tensor inner = at::add(self, at::mul(at::pow(self, exponent), kappa), alpha);
+  static const auto tanh = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("poptorch::tanh", "")
+                               .typed<at::Tensor(const at::Tensor&)>();
+  return at::mul(at::mul(self, half), at::add(tanh.call(at::mul(inner, beta)), one, one_alpha));
+}
+
+bool isOne(const at::Scalar& s) { return !s.isComplex() && s.toDouble() == 1.0; }
+
+// A float32 value of a host scalar tensor, as a CPU kernel reads it; false if
+// it is not one.
+bool floatOf(const at::Tensor& t, float& value) {
+  if (t.dim() != 0 || !t.is_cpu() || t.is_complex()) return false;
+  value = t.item().toFloat();
+  return true;
+}
+
+// The fast path's coefficients, or false when the values or tensors need the chain.
+bool fastPath(const at::Tensor& self, const at::Tensor& half, const at::Scalar& exponent,
+              const at::Tensor& kappa, const at::Scalar& alpha, const at::Tensor& beta,
+              const at::Tensor& one, const at::Scalar& one_alpha, Coefficients& c) {
+  if (!hasAvx2() || self.scalar_type() != at::kFloat || !self.is_contiguous() ||
+      exponent.isComplex() || !isOne(alpha) || !isOne(one_alpha)) {
+    return false;
+  }
+  const double e = exponent.toDouble();
+  if (e != 2.0 && e != 3.0) return false;
+  c.cube = e == 3.0;
+  return floatOf(half, c.half) && floatOf(kappa, c.kappa) && floatOf(beta, c.beta) &&
+         floatOf(one, c.one);
+}
+
+void run(const at::Tensor& self, at::Tensor& out, const Coefficients& c) {
+  const float* in = self.const_data_ptr<float>();
+  float* result = out.mutable_data_ptr<float>();
+  at::parallel_for(0, self.numel(), kGrain, [&](int64_t begin, int64_t end) {
+    geluRange(in + begin, result + begin, end - begin, c);
+  });
+}
+
+at::Tensor& tanhGeluOut(const at::Tensor& self, const at::Tensor& half, const at::Scalar& exponent,
+                        const at::Tensor& kappa, const at::Scalar& alpha, const at::Tensor& beta,
+                        const at::Tensor& one, const at::Scalar& one_alpha, at::Tensor& out) {
+  Coefficients c{};
+  if (fastPath(self, half, exponent, kappa, alpha, beta, one, one_alpha, c) &&
+      out.scalar_type() == at::kFloat) {
+    at::native::resize_output(out, self.sizes());
+    // Element i is read before it is written: in place is fine, a partial
+    // overlap is not.
+    const auto* a = static_cast<const char*>(self.const_data_ptr());
+    const auto* b = static_cast<const char*>(out.const_data_ptr());
+    const auto bytes = static_cast<std::ptrdiff_t>(self.nbytes());
+    if (out.is_contiguous() && (a == b || a + bytes <= b || b + bytes <= a)) {
+      run(self, out, c);
+      return out;
+    }
+  }
+  const at::Tensor result = chain(self, half, exponent, kappa, alpha, beta, one, one_alpha);
+  at::native::resize_output(out, result.sizes());
+  return out.copy_(result);
+}
+
+at::Tensor tanhGelu(const at::Tensor& self, const at::Tensor& half, const at::Scalar& exponent,
+                    const at::Tensor& kappa, const at::Scalar& alpha, const at::Tensor& beta,
+                    const at::Tensor& one, const at::Scalar& one_alpha) {
+  Coefficients c{};
+  if (!fastPath(self, half, exponent, kappa, alpha, beta, one, one_alpha, c)) {
+    return chain(self, half, exponent, kappa, alpha, beta, one, one_alpha);
+  }
+  at::Tensor out = at::empty_like(self, at::MemoryFormat::Contiguous);
+  run(self, out, c);
+  return out;
+}
+
+at::Tensor tanhGeluMeta(const at::Tensor& self, const at::Tensor&, const at::Scalar&,
+                        const at::Tensor&, const at::Scalar&, const at::Tensor&, const at::Tensor&,
+                        const at::Scalar&) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+
+at::Tensor& tanhGeluOutMeta(const at::Tensor& self, const at::Tensor&, const at::Scalar&,
+                            const at::Tensor&, const at::Scalar&, const at::Tensor&,
+                            const at::Tensor&, const at::Scalar&, at::Tensor& out) {
+  at::native::resize_output(out, self.sizes());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(poptorch, m) {
+  m.def(
+      "tanh_gelu(Tensor self, Tensor half, Scalar exponent, Tensor kappa, Scalar alpha, "
+      "Tensor beta, Tensor one, Scalar one_alpha) -> Tensor");
+  m.def(
+      "tanh_gelu.out(Tensor self, Tensor half, Scalar exponent, Tensor kappa, Scalar alpha, "
+      "Tensor beta, Tensor one, Scalar one_alpha, *, Tensor(a!) out) -> Tensor(a!)");
+}
+
+TORCH_LIBRARY_IMPL(poptorch, CPU, m) {
+  m.impl("tanh_gelu", TORCH_FN(tanhGelu));
+  m.impl("tanh_gelu.out", TORCH_FN(tanhGeluOut));
+}
+
+TORCH_LIBRARY_IMPL(poptorch, Meta, m) {
+  m.impl("tanh_gelu", TORCH_FN(tanhGeluMeta));
+  m.impl("tanh_gelu.out", TORCH_FN(tanhGeluOutMeta));
+}
+
+}  // namespace poptorch::kernels
