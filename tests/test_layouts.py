@@ -17,13 +17,14 @@ class Block(nn.Module):
 
     def __init__(self, norm=nn.BatchNorm2d):
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, 2, 1, bias=False)
-        self.bn1 = norm(8)
-        self.conv2 = nn.Conv2d(8, 8, 3, 1, 1, bias=False)
-        self.bn2 = norm(8)
-        self.shortcut = nn.Sequential(nn.Conv2d(3, 8, 1, 2, bias=False), norm(8))
+        # 16 channels: fewer stay NCHW (see passes::planLayouts)
+        self.conv1 = nn.Conv2d(3, 16, 3, 2, 1, bias=False)
+        self.bn1 = norm(16)
+        self.conv2 = nn.Conv2d(16, 16, 3, 1, 1, bias=False)
+        self.bn2 = norm(16)
+        self.shortcut = nn.Sequential(nn.Conv2d(3, 16, 1, 2, bias=False), norm(16))
         self.pool = nn.MaxPool2d(2)
-        self.head = nn.Linear(8 * 4 * 4, 5)
+        self.head = nn.Linear(16 * 4 * 4, 5)
 
     def forward(self, x):
         out = torch.relu(self.bn1(self.conv1(x)))
@@ -103,9 +104,10 @@ def test_a_resnet_block_in_training_and_inference_models():
     torch.testing.assert_close(inference(x), reference(x), rtol=1e-4, atol=1e-5)
 
 
-def test_users_see_the_strides_the_cpu_gives():
+@pytest.mark.parametrize("channels", [6, 16], ids=["nchw", "channels_last"])
+def test_users_see_the_strides_the_cpu_gives(channels):
     torch.manual_seed(0)
-    conv = nn.Conv2d(3, 6, 3)
+    conv = nn.Conv2d(3, channels, 3)
     x = torch.randn(2, 3, 9, 9)
     expected = torch.relu(conv(x))
     ipu_conv = copy.deepcopy(conv).to("ipu")

@@ -18,6 +18,11 @@ const ConvolutionArgs kBackward{/*grad_output, input, weight*/ {0, 1, 2}, 4, 7, 
 // oneDNN runs channels-last 2-D convolutions faster than NCHW ones, except
 // for the cases left in NCHW:
 // - transposed and grouped convolutions, which take other code paths;
+// - convolutions with fewer than 16 output channels: the ops that read their
+//   result (pooling, normalisation, activations) vectorise a channels-last
+//   tensor over its channels, eight floats at a time, so a few channels run
+//   mostly scalar tails (the seed CNN's 5-channel max_pool2d took a third of
+//   an inference step's instructions, against NCHW's loop over pixels);
 // - strided 1x1 convolutions of inputs with fewer than 8 channels: oneDNN's
 //   channels-last weight gradient for them (PyTorch 2.13) reads uninitialised
 //   memory and can hang, in eager PyTorch as well (measured with 2 to 7
@@ -38,6 +43,8 @@ bool runsChannelsLast(const ir::Node& node, const ConvolutionArgs& conv) {
   const c10::IValue& stride = node.args[conv.stride].value;
   const bool strided =
       !stride.isIntList() || c10::IntArrayRef(stride.toIntVector()) != c10::IntArrayRef({1, 1});
+  constexpr int64_t kVectorChannels = 16;
+  if (weight_ref.sizes[0] < kVectorChannels) return false;
   constexpr int64_t kSafeChannels = 8;
   return !(one_by_one && strided && weight_ref.sizes[1] < kSafeChannels);
 }

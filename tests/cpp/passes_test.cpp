@@ -170,22 +170,34 @@ std::vector<ir::Layout> layouts(const ir::Node& node) {
   return result;
 }
 
-TEST(Layouts, Plans2dConvolutionsChannelsLast) {
+// A convolution with `channels` output channels and its backward.
+ir::Graph convolutionAndBackward(int64_t channels) {
   GraphBuilder b;
   const auto x = b.buffer(2 * 3 * 8 * 8, true);
-  const auto w = b.buffer(4 * 3 * 3 * 3, true);
-  const auto y = b.buffer(2 * 4 * 6 * 6, false, true);
+  const auto w = b.buffer(channels * 3 * 3 * 3, true);
+  const auto y = b.buffer(2 * channels * 6 * 6, false, true);
   const auto gx = b.buffer(2 * 3 * 8 * 8, false, true);
-  const auto gw = b.buffer(4 * 3 * 3 * 3, false, true);
+  const auto gw = b.buffer(channels * 3 * 3 * 3, false, true);
   const auto x_ref = b.ref(x, {2, 3, 8, 8});
-  const auto w_ref = b.ref(w, {4, 3, 3, 3});
-  b.convolution(x_ref, w_ref, b.ref(y, {2, 4, 6, 6}));
-  b.convolutionBackward(b.ref(y, {2, 4, 6, 6}), x_ref, w_ref, b.ref(gx, {2, 3, 8, 8}),
-                        b.ref(gw, {4, 3, 3, 3}));
-  const ir::Graph out = passes::planLayouts(b.graph);
+  const auto w_ref = b.ref(w, {channels, 3, 3, 3});
+  b.convolution(x_ref, w_ref, b.ref(y, {2, channels, 6, 6}));
+  b.convolutionBackward(b.ref(y, {2, channels, 6, 6}), x_ref, w_ref, b.ref(gx, {2, 3, 8, 8}),
+                        b.ref(gw, {channels, 3, 3, 3}));
+  return passes::planLayouts(b.graph);
+}
+
+TEST(Layouts, Plans2dConvolutionsChannelsLast) {
+  const ir::Graph out = convolutionAndBackward(16);
   constexpr auto kChannelsLast = ir::Layout::kChannelsLast;
   EXPECT_EQ(layouts(out.nodes[0]), std::vector<ir::Layout>(2, kChannelsLast));
   EXPECT_EQ(layouts(out.nodes[1]), std::vector<ir::Layout>(3, kChannelsLast));
+}
+
+TEST(Layouts, KeepsConvolutionsWithFewOutputChannelsNchw) {
+  const ir::Graph out = convolutionAndBackward(15);
+  constexpr auto kContiguous = ir::Layout::kContiguous;
+  EXPECT_EQ(layouts(out.nodes[0]), std::vector<ir::Layout>(2, kContiguous));
+  EXPECT_EQ(layouts(out.nodes[1]), std::vector<ir::Layout>(3, kContiguous));
 }
 
 TEST(Layouts, KeepsTransposedAndNarrowStrided1x1ConvolutionsNchw) {
@@ -195,9 +207,9 @@ TEST(Layouts, KeepsTransposedAndNarrowStrided1x1ConvolutionsNchw) {
   const auto y = b.buffer(2 * 4 * 10 * 10, false, true);
   b.convolution(b.ref(x, {2, 3, 8, 8}), b.ref(w, {3, 4, 3, 3}), b.ref(y, {2, 4, 10, 10}),
                 /*transposed=*/true);
-  const auto w1 = b.buffer(4 * 3, true);
-  const auto y1 = b.buffer(2 * 4 * 4 * 4, false, true);
-  b.convolution(b.ref(x, {2, 3, 8, 8}), b.ref(w1, {4, 3, 1, 1}), b.ref(y1, {2, 4, 4, 4}));
+  const auto w1 = b.buffer(16 * 3, true);
+  const auto y1 = b.buffer(2 * 16 * 4 * 4, false, true);
+  b.convolution(b.ref(x, {2, 3, 8, 8}), b.ref(w1, {16, 3, 1, 1}), b.ref(y1, {2, 16, 4, 4}));
   b.graph.nodes.back().args[3] = ir::Arg::constant(std::vector<int64_t>{2, 2});  // stride
   for (const ir::Node& node : passes::planLayouts(b.graph).nodes) {
     EXPECT_EQ(layouts(node), std::vector<ir::Layout>(2, ir::Layout::kContiguous)) << node.name();
@@ -275,6 +287,23 @@ TEST(Fusion, FusesAddmmWithTheReluThatIsItsOnlyReader) {
   EXPECT_EQ(c10::IntArrayRef(node.outputs[0].sizes), c10::IntArrayRef({2, 3}));
   ASSERT_EQ(node.args.size(), 6u);
   EXPECT_EQ(node.args[5].value, c10::IValue(false));  // relu, not gelu
+}
+
+TEST(Fusion, FusesAddmmWithAnExactGeluButNotTheTanhApproximation) {
+  for (const char* approximate : {"none", "tanh"}) {
+    LinearRelu g;
+    ir::Node& activation = g.b.graph.nodes[1];
+    activation.op = aten("aten::gelu");
+    activation.args.push_back(ir::Arg::constant(std::string(approximate)));
+    const ir::Graph fused = passes::fuseMatmulActivations(g.b.graph);
+    if (std::string(approximate) == "tanh") {  // _addmm_activation's gelu is the exact one
+      EXPECT_EQ(fused.nodes.size(), 2u);
+      continue;
+    }
+    ASSERT_EQ(names(fused), std::vector<std::string>{"aten::_addmm_activation"});
+    EXPECT_EQ(fused.nodes[0].args[5].value, c10::IValue(true));  // use_gelu
+    EXPECT_EQ(fused.nodes[0].outputs[0].buffer, g.out);
+  }
 }
 
 TEST(Fusion, KeepsAProductSomethingElseObserves) {
