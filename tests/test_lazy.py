@@ -208,6 +208,19 @@ def test_linear_then_relu_runs_as_one_fused_kernel_with_the_cpus_values():
     assert ops.get("aten::relu", 0) == 1
 
 
+@pytest.mark.parametrize("approximate,fused", [("none", True), ("tanh", False)])
+def test_linear_then_gelu_runs_fused_when_the_cpus_fused_kernel_computes_it(approximate, fused):
+    # BERT's intermediate layer at inference: Linear on a 3-D batch, then the
+    # exact GELU (in training the backward reads the product: no fusion).
+    # _addmm_activation's GELU is the exact one; the tanh approximation stays apart.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(approximate=approximate), nn.Linear(32, 4))
+    with torch.no_grad():
+        ops = _run_on_ipu_checked(model, torch.randn(2, 8, 16))
+    assert ops.get("aten::_addmm_activation", 0) == (1 if fused else 0)
+    assert ops.get("aten::gelu", 0) == (1 if fused else 2)
+
+
 def test_a_bias_added_to_a_product_runs_as_one_addmm_with_the_cpus_values():
     # linear on an input it must reshape (a transposed batch) runs mm, then
     # add_ of the bias: on the ipu the two run as one addmm.

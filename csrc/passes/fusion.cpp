@@ -56,6 +56,19 @@ std::optional<ir::Node> biasedProduct(const ir::Node& mm, const ir::Node& add,
   return fused;
 }
 
+// What _addmm_activation's use_gelu is for `node`'s activation: false for a
+// relu, true for an exact (erf) gelu, which the CPU's _addmm_activation applies
+// with gelu_ on the product; none for other nodes.
+std::optional<bool> activationOf(const ir::Node& node) {
+  if (is(node, "aten::relu")) return false;
+  if (is(node, "aten::gelu") && node.args.size() == 2 &&
+      node.args[1].kind == ir::ArgKind::kConstant && node.args[1].value.isString() &&
+      node.args[1].value.toStringRef() == "none") {
+    return true;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 ir::Graph fuseMatmulBias(ir::Graph graph) {
@@ -106,23 +119,24 @@ ir::Graph fuseMatmulActivations(ir::Graph graph) {
         readers.written(product.buffer) || r < 0 || !product.coversWhole(product_buffer.nbytes)) {
       continue;
     }
-    const ir::Node& relu = graph.nodes[r];
+    const ir::Node& activation = graph.nodes[r];
+    const std::optional<bool> gelu = activationOf(activation);
     // The fused kernel computes in the product's state of the call.
-    if (!is(relu, "aten::relu") || relu.outputs.size() != 1 || !relu.sameStateOfCall(node) ||
-        !relu.inputs[0].coversWhole(product_buffer.nbytes)) {
+    if (!gelu || activation.outputs.size() != 1 || !activation.sameStateOfCall(node) ||
+        !activation.inputs[0].coversWhole(product_buffer.nbytes)) {
       continue;
     }
-    const ir::TensorRef& activated = relu.outputs[0];
+    const ir::TensorRef& activated = activation.outputs[0];
     if (activated.dtype != product.dtype ||
         !activated.coversWhole(graph.buffers[activated.buffer].nbytes)) {
       continue;
     }
-    // The relu's result, shaped as the product: readers keep their own views.
+    // The activation's result, shaped as the product: readers keep their own views.
     ir::TensorRef result = product;
     result.buffer = activated.buffer;
     ir::Node fused(addmm_activation);
     fused.args = node.args;  // self, mat1, mat2, beta, alpha: the addmm's, in place
-    fused.args.push_back(ir::Arg::constant(false));  // use_gelu
+    fused.args.push_back(ir::Arg::constant(*gelu));  // use_gelu
     fused.inputs = node.inputs;
     fused.outputs = {result};
     fused.fresh_returns = {true};
@@ -130,7 +144,7 @@ ir::Graph fuseMatmulActivations(ir::Graph graph) {
     fused.placement = node.placement;
     fused.matmul = node.matmul;
     node = std::move(fused);
-    keep[r] = false;  // the relu, now part of the fused node
+    keep[r] = false;  // the activation, now part of the fused node
   }
 
   graph.keepNodes(keep);

@@ -23,9 +23,10 @@ ir::Graph eliminateCommonSubexpressions(ir::Graph graph);
 // captured add_ (see ir::Arg::refs of a runtime argument).
 ir::Graph fuseMatmulBias(ir::Graph graph);
 
-// Fuses an addmm with the relu that is the only reader of its result into one
-// _addmm_activation, as eager PyTorch's fused Transformer layers do: the relu
-// runs on the product while it is in cache, and the product's temporary goes.
+// Fuses an addmm with the relu or exact gelu (BERT's) that is the only reader
+// of its result into one _addmm_activation, as eager PyTorch's fused
+// Transformer layers do: the activation runs on the product while it is in
+// cache, and the product's temporary goes.
 ir::Graph fuseMatmulActivations(ir::Graph graph);
 
 // Fuses GELU's tanh approximation written as ops, as GPT-2's NewGELUActivation
