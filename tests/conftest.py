@@ -64,6 +64,30 @@ def train_beside_the_cpu(model: torch.nn.Module, batches: Iterable[Sequence[Any]
     return ipu
 
 
+def train_micro_batches_beside_the_cpu(model: torch.nn.Module, x: torch.Tensor,
+                                       y: torch.Tensor, device_iterations: int = 4,
+                                       calls: int = 2, lr: float = 0.1) -> torch.nn.Module:
+    """Trains `model` (forward(x, y) returns (output, loss)) with trainingModel,
+    `device_iterations` micro-batches of (x, y) per call, and a copy of it on the
+    CPU, one SGD step per micro-batch; asserts the final weights equal the CPU's.
+    Returns the trained CPU copy."""
+    reference = copy.deepcopy(model)
+    opts = poptorch.Options().deviceIterations(device_iterations)
+    training = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=lr))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
+    micro_batch = x.shape[0] // device_iterations
+    for _ in range(calls):
+        training(x, y)
+        for xb, yb in zip(x.split(micro_batch), y.split(micro_batch)):
+            optimizer.zero_grad()
+            reference(xb, yb)[1].backward()
+            optimizer.step()
+    training.copyWeightsToHost()
+    for (name, a), b in zip(reference.named_parameters(), model.parameters()):
+        torch.testing.assert_close(b, a, msg=name)
+    return reference
+
+
 def sgd_training_step(model: torch.nn.Module,
                       **sgd_options: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """One classification training step of `model` with torch.optim.SGD (lr 0.05), as a

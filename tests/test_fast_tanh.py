@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import poptorch
+from conftest import train_micro_batches_beside_the_cpu
 
 
 @pytest.mark.parametrize("shape", [(), (1,), (7,), (8,), (37, 29), (8, 128, 1024)])
@@ -86,20 +87,7 @@ class _TanhNet(nn.Module):
 def test_training_and_inference_models_with_tanh_match_the_cpu():
     torch.manual_seed(0)
     x, y = torch.randn(4 * 8, 12), torch.randint(0, 3, (4 * 8,))
-    cpu = _TanhNet()
     ipu = _TanhNet()
-    ipu.load_state_dict(cpu.state_dict())
-    opts = poptorch.Options().deviceIterations(4)
-    training = poptorch.trainingModel(ipu, opts, poptorch.optim.SGD(ipu.parameters(), lr=0.1))
-    optimizer = torch.optim.SGD(cpu.parameters(), lr=0.1)
-    for _ in range(2):
-        training(x, y)
-        for xb, yb in zip(x.split(8), y.split(8)):
-            optimizer.zero_grad()
-            cpu(xb, yb)[1].backward()
-            optimizer.step()
-    training.copyWeightsToHost()
-    for (name, a), b in zip(cpu.named_parameters(), ipu.parameters()):
-        torch.testing.assert_close(b, a, msg=name)
-    inference = poptorch.inferenceModel(ipu.eval(), opts)
+    cpu = train_micro_batches_beside_the_cpu(ipu, x, y)
+    inference = poptorch.inferenceModel(ipu.eval(), poptorch.Options().deviceIterations(4))
     torch.testing.assert_close(inference(x, y)[0], cpu(x, y)[0].detach())

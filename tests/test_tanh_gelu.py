@@ -5,6 +5,7 @@ as the CPU's kernel does and tanh is poptorch::tanh, so the fused result equals
 the CPU's chain run with poptorch::tanh bit for bit, and the CPU's own chain
 within float32's tolerance. The scalars are runtime arguments: other values in
 a graph of the same structure give their own results."""
+import copy
 import math
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 import poptorch
+from conftest import train_micro_batches_beside_the_cpu
 
 C = math.sqrt(2.0 / math.pi)
 
@@ -141,21 +143,8 @@ def test_inference_and_training_models_with_new_gelu_match_the_cpu():
     pytest.importorskip("transformers")
     torch.manual_seed(0)
     x, y = torch.randn(4 * 8, 12), torch.randint(0, 3, (4 * 8,))
-    cpu, ipu = _Mlp(), _Mlp()
-    ipu.load_state_dict(cpu.state_dict())
-    opts = poptorch.Options().deviceIterations(4)
-    model = _Mlp()
-    model.load_state_dict(cpu.state_dict())
-    inference = poptorch.inferenceModel(model.eval(), opts)
+    cpu = _Mlp()
+    model = copy.deepcopy(cpu)
+    inference = poptorch.inferenceModel(model.eval(), poptorch.Options().deviceIterations(4))
     torch.testing.assert_close(inference(x, y)[0], cpu(x, y)[0].detach())
-    training = poptorch.trainingModel(ipu, opts, poptorch.optim.SGD(ipu.parameters(), lr=0.1))
-    optimizer = torch.optim.SGD(cpu.parameters(), lr=0.1)
-    for _ in range(2):
-        training(x, y)
-        for xb, yb in zip(x.split(8), y.split(8)):
-            optimizer.zero_grad()
-            cpu(xb, yb)[1].backward()
-            optimizer.step()
-    training.copyWeightsToHost()
-    for (name, a), b in zip(cpu.named_parameters(), ipu.parameters()):
-        torch.testing.assert_close(b, a, msg=name)
+    train_micro_batches_beside_the_cpu(cpu, x, y)
