@@ -11,6 +11,8 @@ does for CPU graphs.
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 import threading
 from typing import Callable, List
 
@@ -33,11 +35,31 @@ def python_meta_ops() -> List[str]:
     return names
 
 
+def _import_dynamo_uninterrupted() -> None:
+    """FakeTensorMode imports torch._dynamo (and sympy) the first time: seconds. A Ctrl-C
+    in the middle would leave sympy half-imported for the rest of the process, every later
+    shape inference failing and every op falling back to the host. So on the main thread
+    (the only one Python delivers signals to) a Ctrl-C waits for the import's end."""
+    if ("torch._dynamo.config" in sys.modules
+            or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is None):  # a handler set outside Python
+        return
+    interrupted = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    try:
+        import torch._dynamo.config  # noqa: F401 - imported for FakeTensorMode
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted:
+        signal.raise_signal(signal.SIGINT)  # to the handler the user had
+
+
 def _mode() -> FakeTensorMode:
     # One per thread: a mode's entry state is its own. Capture caches results per signature,
     # so FakeTensor's own cache (process-wide, unbounded) would only grow.
     mode = getattr(_local, "mode", None)
     if mode is None:
+        _import_dynamo_uninterrupted()
         mode = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
         mode.cache_enabled = False
         _local.mode = mode

@@ -53,6 +53,40 @@ def test_an_ordinary_meta_error_still_runs_the_op_on_the_host():
     assert poptorch.metrics()["fallback_ops"] == {"poptorch_robustness::cannot_infer": 1}
 
 
+# The first op whose Meta kernel is Python imports torch._dynamo and sympy through
+# FakeTensorMode; a Ctrl-C arrives when sympy.core is imported and sympy.polys not
+# yet (interrupted there, sympy stayed half-imported: no attribute "core").
+INTERRUPTED_IMPORT = """
+import importlib.abc, os, signal, sys, torch, poptorch
+assert "sympy" not in sys.modules
+class InterruptAtSympyPolys(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "sympy.polys":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, InterruptAtSympyPolys())
+try:
+    torch.ones(2, 3, device="ipu")
+    raise SystemExit("no KeyboardInterrupt")
+except KeyboardInterrupt:
+    pass
+import sympy
+assert hasattr(sympy, "core"), "sympy half-imported"
+a, b = torch.ones(2, 3, device="ipu"), torch.ones(3, 4, device="ipu")
+result = torch.addmm(torch.zeros(4, device="ipu"), a, b).cpu()
+assert torch.equal(result, torch.full((2, 4), 3.0)), result
+assert poptorch.metrics()["fallback_ops"] == {}, poptorch.metrics()["fallback_ops"]
+print("ok")
+"""
+
+
+def test_ctrl_c_while_shape_inference_imports_its_dependencies_is_raised_after_the_import():
+    result = run_python(INTERRUPTED_IMPORT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
 FORK = """
 import os, torch, poptorch
 x = torch.ones(8, device="ipu")
