@@ -59,6 +59,8 @@ def test_an_ordinary_meta_error_still_runs_the_op_on_the_host():
 INTERRUPTED_IMPORT = """
 import importlib.abc, os, signal, sys, torch, poptorch
 assert "sympy" not in sys.modules
+# Python's own handler: a child of a background job starts with SIGINT ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 class InterruptAtSympyPolys(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name == "sympy.polys":
