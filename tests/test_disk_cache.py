@@ -2,6 +2,7 @@
 a second process compiles nothing it has seen, in lazy mode and for wrapped
 models; processes may write one directory at once; a damaged entry is logged
 and compiled again, never a crash or a wrong result."""
+import copy
 import json
 import subprocess
 import sys
@@ -144,6 +145,35 @@ def test_a_directory_that_cannot_be_written_is_logged_once(tmp_path):
     metrics, stderr = run(LAZY, blocked)
     assert metrics["graphs_compiled"] == 2
     assert stderr.count("cannot write to") == 1, stderr
+
+
+# An inference model caching in the directory argv[1], checked against the CPU.
+CACHED_INFERENCE = textwrap.dedent("""
+    import json, sys
+    import torch, poptorch
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU())
+    x = torch.randn(3, 5)
+    opts = poptorch.Options().enableExecutableCaching(sys.argv[1])
+    torch.testing.assert_close(poptorch.inferenceModel(model, opts)(x), model(x))
+    print(json.dumps(poptorch.metrics()))
+""")
+
+
+def test_a_directory_gets_the_executables_the_process_compiled_without_one(tmp_path):
+    # Found in memory, compiled for a model that caches nowhere (another test
+    # file's, when the suite runs), they were not written: the directory stayed
+    # empty and a later process compiled them again.
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU())
+    x = torch.randn(3, 5)
+    uncached = poptorch.Options().enableExecutableCaching(None)
+    poptorch.inferenceModel(copy.deepcopy(model), uncached)(x)
+    compiled = poptorch.metrics()["graphs_compiled"]
+    opts = poptorch.Options().enableExecutableCaching(tmp_path)
+    torch.testing.assert_close(poptorch.inferenceModel(model, opts)(x), model(x))
+    assert poptorch.metrics()["graphs_compiled"] == compiled  # from memory
+    assert entries(tmp_path)
+    later, _ = run(CACHED_INFERENCE, args=[tmp_path])
+    assert later["graphs_compiled"] == 0 and later["executables_loaded"] > 0
 
 
 def test_options_put_a_wrapped_model_s_executables_in_their_directory(tmp_path):

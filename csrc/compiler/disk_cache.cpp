@@ -64,6 +64,11 @@ std::optional<std::string> DiskCache::read(uint64_t key) const {
   return std::move(bytes).str();
 }
 
+bool DiskCache::contains(uint64_t key) const {
+  std::error_code error;
+  return std::filesystem::exists(pathOf(key), error);
+}
+
 void DiskCache::write(uint64_t key, const std::string& bytes) const {
   std::error_code error;
   std::filesystem::create_directories(directory_, error);

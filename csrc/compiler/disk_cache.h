@@ -24,6 +24,8 @@ class DiskCache {
   std::string pathOf(uint64_t key) const;
   // The bytes of the entry of `key`, if there is one.
   std::optional<std::string> read(uint64_t key) const;
+  // Whether a file of `key`'s entry is there (usable or not).
+  bool contains(uint64_t key) const;
   // Stores `bytes` as the entry of `key`, atomically. A directory that cannot
   // be written is logged (once), never an error: the cache is an optimisation.
   void write(uint64_t key, const std::string& bytes) const;

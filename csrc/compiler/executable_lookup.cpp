@@ -1,6 +1,8 @@
 #include "compiler/executable_lookup.h"
 
 #include <chrono>
+#include <functional>
+#include <unordered_set>
 
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -54,8 +56,7 @@ std::shared_ptr<const Executable> usable(const Entry& entry, uint64_t key,
 }
 
 std::shared_ptr<const Executable> fromDisk(const DiskCache& disk, uint64_t key,
-                                           const std::string& structure,
-                                           const ir::Graph& graph) {
+                                           const std::string& structure, const ir::Graph& graph) {
   std::optional<std::string> bytes = disk.read(key);
   if (!bytes) return nullptr;
   try {
@@ -64,6 +65,45 @@ std::shared_ptr<const Executable> fromDisk(const DiskCache& disk, uint64_t key,
     POPTORCH_LOG(kWarn) << "executable cache: " << disk.pathOf(key) << " is unusable ("
                         << error.what() << "): compiling the graph again";
     return nullptr;
+  }
+}
+
+// The entries this process knows a cache directory to hold (it wrote, read
+// or found them there), by (directory, key): an executable found in memory is
+// written to a directory at most once, and a steady loop checks no file.
+class EntriesOnDisk {
+ public:
+  static EntriesOnDisk& get() {
+    static EntriesOnDisk entries;
+    return entries;
+  }
+
+  // True the first time (directory, key) is given. Two directories whose
+  // hashes meet lose a write, never a result: the cache is an optimisation.
+  bool firstTime(const std::string& directory, uint64_t key) {
+    const uint64_t id = ir::hashCombine(std::hash<std::string>{}(directory), key);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return known_.insert(id).second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_set<uint64_t> known_;
+};
+
+// Writes the entry of `exe` to `disk`, unless the directory is known to hold
+// it or (without `replace`) holds a file of its key. An executable may come
+// from memory or a precompiled set, compiled for a graph of another directory:
+// the model whose options name this one still gets its executables there.
+void store(const DiskCache& disk, uint64_t key, const std::shared_ptr<const Executable>& exe,
+           LazyStructure& structure, bool replace) {
+  const bool first = EntriesOnDisk::get().firstTime(disk.directory(), key);
+  if (!replace && (!first || disk.contains(key))) return;
+  if (structure.get() == nullptr) return;
+  try {
+    disk.write(key, encodeEntry({exe, *structure.get()}));
+  } catch (const NotSerializable& reason) {
+    POPTORCH_LOG(kDebug) << "executable cache: not writing a graph: " << reason.what();
   }
 }
 
@@ -119,14 +159,16 @@ std::shared_ptr<const Executable> executableFor(const ir::Graph& graph) {
   const uint64_t key = ir::structuralHash(graph);
   const LookupScope* scope = LookupScope::current();
   ExecutableSet* set = scope != nullptr ? scope->set() : nullptr;
-  const std::string& directory = scope != nullptr && scope->directory()
-                                     ? *scope->directory()
-                                     : DiskCache::defaultDirectory();
+  const std::string& directory =
+      scope != nullptr && scope->directory() ? *scope->directory() : DiskCache::defaultDirectory();
   LazyStructure structure(graph);
+  const DiskCache disk(directory);
   auto& cache = ExecutableCache::get();
   std::shared_ptr<const Executable> exe = cache.find(key);
   if (exe) {
     Metrics::get().cacheHit();
+    // It may come from a graph of another directory (or of none).
+    if (!directory.empty()) store(disk, key, exe, structure, /*replace=*/false);
   } else {
     if (set != nullptr && structure.get() != nullptr) {
       exe = set->find(key, *structure.get());
@@ -134,15 +176,16 @@ std::shared_ptr<const Executable> executableFor(const ir::Graph& graph) {
         try {
           checkFits(*exe, graph);
         } catch (const std::exception& error) {
-          POPTORCH_LOG(kWarn) << "a precompiled executable does not fit its graph ("
-                              << error.what() << "): compiling the graph again";
+          POPTORCH_LOG(kWarn) << "a precompiled executable does not fit its graph (" << error.what()
+                              << "): compiling the graph again";
           exe = nullptr;
         }
       }
+      if (exe && !directory.empty()) store(disk, key, exe, structure, /*replace=*/false);
     }
-    const DiskCache disk(directory);
     if (!exe && !directory.empty() && structure.get() != nullptr) {
       exe = fromDisk(disk, key, *structure.get(), graph);
+      if (exe) EntriesOnDisk::get().firstTime(directory, key);
     }
     if (exe) {
       Metrics::get().executableLoaded();
@@ -154,13 +197,8 @@ std::shared_ptr<const Executable> executableFor(const ir::Graph& graph) {
       exe = compile(graph, key);
       Metrics::get().graphCompiled(secondsSince(start));
       if (start_ns != 0) profiling::compiled(*exe, start_ns, profiling::now());
-      if (!directory.empty() && structure.get() != nullptr) {
-        try {
-          disk.write(key, encodeEntry({exe, *structure.get()}));
-        } catch (const NotSerializable& reason) {
-          POPTORCH_LOG(kDebug) << "executable cache: not writing a graph: " << reason.what();
-        }
-      }
+      // Over an entry that failed to load, if there was one.
+      if (!directory.empty()) store(disk, key, exe, structure, /*replace=*/true);
     }
     cache.insert(exe);
   }
