@@ -48,7 +48,7 @@ def variable_attributes(optimizer: torch.optim.Optimizer, algorithm: str) -> Set
     defaults = _torch_defaults(optimizer)
     variables = {"lr"}
     for group in optimizer.param_groups:
-        for name, value in rules.group_hyperparameters(algorithm, group).items():
+        for name, value in rules.group_hyperparameters(algorithm, group, optimizer).items():
             if name in defaults and value != defaults[name]:
                 variables.add(name)
     return variables
@@ -88,7 +88,7 @@ class DeviceOptimizer:
         for group in optimizer.param_groups:
             params = [device_params[id(p)] for p in group["params"] if id(p) in device_params]
             hyper = {name: self._value(name, value) for name, value in
-                     rules.group_hyperparameters(self.algorithm, group).items()}
+                     rules.group_hyperparameters(self.algorithm, group, optimizer).items()}
             self.groups.append((params, hyper))
             for p in params:
                 self.state[id(p)] = rules.initial_state(self.algorithm, p, optimizer, group)
@@ -101,6 +101,10 @@ class DeviceOptimizer:
                                            getattr(optimizer, "max_weight_norm", None))
         self.max_grad_norm = getattr(optimizer, "max_grad_norm", None)
         self._compiled_values = self._constants(optimizer)
+        # The separate SGD variant's velocity_scaling, which its update ignores
+        # (its constructor said so): a change is said once, in the same words.
+        self._ignored_velocity_scaling = _separate_velocity_scaling(optimizer)
+        self._ignored_change_reported = False
         self._applied = _snapshot(self._compiled_values)  # the values the device has
         self._hooks: List[Any] = []
         self._attach(optimizer)
@@ -110,7 +114,8 @@ class DeviceOptimizer:
         """Says once (WARN, or DEBUG with relaxOptimizerAttributesChecks) which
         param group keys the update does not read."""
         for index, group in enumerate(optimizer.param_groups):
-            for name, value in rules.ignored_hyperparameters(self.algorithm, group).items():
+            ignored = rules.ignored_hyperparameters(self.algorithm, group, optimizer)
+            for name, value in ignored.items():
                 if name not in self._reported:
                     self._reported.add(name)
                     logger.log(logging.DEBUG if self._relax_checks else logging.WARNING,
@@ -125,7 +130,8 @@ class DeviceOptimizer:
         if not logger.isEnabledFor(logging.DEBUG):
             return
         describe = _optimizer_log.describe
-        defaults = dict(rules.group_hyperparameters(self.algorithm, optimizer.defaults))
+        defaults = dict(rules.group_hyperparameters(self.algorithm, optimizer.defaults,
+                                                      optimizer))
         extras = {name: getattr(self, name) for name in _GLOBAL_ATTRIBUTES
                   if getattr(self, name) is not None}
         max_weight_norm = extras.pop("max_weight_norm", None)
@@ -185,7 +191,8 @@ class DeviceOptimizer:
     def _constants(self, optimizer: torch.optim.Optimizer) -> Dict[Tuple[int, str], Any]:
         values = {}
         for index, group in enumerate(optimizer.param_groups):
-            for name, value in rules.group_hyperparameters(self.algorithm, group).items():
+            hyper = rules.group_hyperparameters(self.algorithm, group, optimizer)
+            for name, value in hyper.items():
                 values[(index, name)] = value
         for name, default in _GLOBAL_ATTRIBUTES.items():
             values[(-1, name)] = getattr(optimizer, name, default)
@@ -245,6 +252,7 @@ class DeviceOptimizer:
                         "the model is compiled: give the optimiser every group before the "
                         "first call, or wrap the model again")
         self._tracker.check(optimizer, _optimizer_log.type_name(optimizer, self.algorithm))
+        self._report_ignored_change(optimizer)
         new = self._constants(optimizer)
         for (index, name), value in new.items():
             target = getattr(self, name) if index < 0 else self.groups[index][1].get(name)
@@ -279,11 +287,22 @@ class DeviceOptimizer:
         """Before a run: hyper-parameters changed on the host optimiser (an LR
         scheduler's step, ``param_groups[i]["lr"] = ...``) are taken, where
         PopTorch needs a setOptimizer() and runs the old values without it."""
+        self._report_ignored_change(self.optimizer)
         if _snapshot(self._constants(self.optimizer)) != self._applied:
             logger.debug("the optimiser's hyper-parameters changed on the host: taking them "
                          "as setOptimizer() does")
             self.set_values(self.optimizer, "the optimiser changed since the model was "
                             "compiled")
+
+    def _report_ignored_change(self, optimizer: torch.optim.Optimizer) -> None:
+        """Warns once when the separate SGD variant's ignored velocity_scaling
+        changed (the lr and the other hyper-parameters are taken)."""
+        value = _separate_velocity_scaling(optimizer)
+        if value != self._ignored_velocity_scaling:
+            self._ignored_velocity_scaling = value
+            if not self._ignored_change_reported:
+                self._ignored_change_reported = True
+                logger.warning(popoptim.VELOCITY_SCALING_IGNORED)
 
     def _host_parameters(self, optimizer: torch.optim.Optimizer) -> List[Tuple[Any, Dict]]:
         """(host parameter, its device state) for every parameter on the device."""
@@ -383,6 +402,13 @@ class DeviceOptimizer:
 
 # optimiser -> the DeviceOptimizer whose state it aliases.
 _OWNERS: "weakref.WeakKeyDictionary[torch.optim.Optimizer, Any]" = weakref.WeakKeyDictionary()
+
+
+def _separate_velocity_scaling(optimizer: torch.optim.Optimizer) -> Any:
+    """The velocity_scaling of a separate-variant poptorch.optim.SGD, or None."""
+    if isinstance(optimizer, popoptim.SGD) and not optimizer.use_combined_accum:
+        return getattr(optimizer, "velocity_scaling", None)
+    return None
 
 
 def _synchronize(optimizer: torch.optim.Optimizer) -> None:

@@ -32,8 +32,8 @@ def algorithm_of(optimizer: torch.optim.Optimizer) -> str:
 
 # The hyper-parameters each rule reads from a param group (PopTorch's names).
 _RULE_KEYS = {
-    # velocity_scaling: a group's (the combined variant's; else the optimiser's)
-    "sgd": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "velocity_scaling"),
+    # and velocity_scaling in the combined variant (_keys)
+    "sgd": ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
     "adam": ("lr", "beta1", "beta2", "eps", "weight_decay", "decoupled_weight_decay"),
     "rmsprop": ("lr", "alpha", "eps", "weight_decay", "momentum", "centered"),
     "lamb": ("lr", "beta1", "beta2", "eps", "weight_decay"),
@@ -45,7 +45,17 @@ _NOT_HYPERPARAMETERS = ("foreach", "fused", "capturable", "differentiable", "ini
                         "params")
 
 
-def group_hyperparameters(algorithm: str, group: Dict[str, Any]) -> Dict[str, Any]:
+def _keys(algorithm: str, optimizer: Any) -> Tuple[str, ...]:
+    """The keys of a param group that ``optimizer``'s rule reads. Velocity
+    scaling is the combined SGD variant's (the user guide's "SGD combined
+    variant only"): the separate variant ignores it, as PopTorch does."""
+    if algorithm == "sgd" and getattr(optimizer, "use_combined_accum", False):
+        return _RULE_KEYS["sgd"] + ("velocity_scaling",)
+    return _RULE_KEYS[algorithm]
+
+
+def group_hyperparameters(algorithm: str, group: Dict[str, Any],
+                          optimizer: Any) -> Dict[str, Any]:
     """A param group's hyper-parameters under PopTorch's attribute names."""
     for flag in ("maximize", "amsgrad"):
         if group.get(flag):
@@ -53,13 +63,14 @@ def group_hyperparameters(algorithm: str, group: Dict[str, Any]) -> Dict[str, An
     hyper = dict(group)
     if "betas" in hyper:
         hyper["beta1"], hyper["beta2"] = hyper.pop("betas")
-    return {name: hyper[name] for name in _RULE_KEYS[algorithm] if name in hyper}
+    return {name: hyper[name] for name in _keys(algorithm, optimizer) if name in hyper}
 
 
-def ignored_hyperparameters(algorithm: str, group: Dict[str, Any]) -> Dict[str, Any]:
+def ignored_hyperparameters(algorithm: str, group: Dict[str, Any],
+                            optimizer: Any) -> Dict[str, Any]:
     """The keys of a param group that the rule does not read (a user's own, or
     another optimiser's), with their values."""
-    known = set(_RULE_KEYS[algorithm]) | {"betas", "maximize", "amsgrad"}
+    known = set(_keys(algorithm, optimizer)) | {"betas", "maximize", "amsgrad"}
     return {name: value for name, value in group.items()
             if name not in known and name not in _NOT_HYPERPARAMETERS}
 
@@ -136,7 +147,7 @@ def update_parameter(algorithm: str, p: torch.Tensor, g: torch.Tensor,
                      state: Dict[str, torch.Tensor], h: Dict[str, Any], optimizer: Any) -> None:
     """One in-place update of parameter ``p`` from its (unscaled) gradient.
     ``g`` is scratch: the update may overwrite it."""
-    velocity_scaling = h.get("velocity_scaling", getattr(optimizer, "velocity_scaling", 1.0))
+    velocity_scaling = h.get("velocity_scaling", 1.0)  # the combined variant's groups have it
     if algorithm == "sgd" and _sgd_momentum_fuses(p, g, state, h, velocity_scaling):
         _sgd_momentum_fused(p, g, state, h, velocity_scaling)
         return

@@ -23,6 +23,7 @@ import torch
 
 from . import _update_rules as rules
 from ._errors import Error
+from ._logging import logger
 
 __all__ = ["Adam", "AdamW", "LAMB", "Optimizer", "RMSprop", "SGD", "VariableAttributes"]
 
@@ -58,6 +59,13 @@ class VariableAttributes:
 
     def __repr__(self) -> str:
         return f"VariableAttributes(variables={sorted(self._variable_attributes)})"
+
+
+# PopTorch's words: the separate SGD variant ignores velocity scaling (the user
+# guide's "Velocity scaling (SGD combined variant only)").
+VELOCITY_SCALING_IGNORED = ("velocity_scaling value ignored when using the separate variant "
+                            "(use_combined_accum=False). In future, this will lead to an error. "
+                            "Please update your code.")
 
 
 def _pick(value: Any, default: Any) -> Any:
@@ -142,7 +150,7 @@ class Optimizer:
 
     def _step_with_the_rule(self) -> None:
         algorithm = rules.algorithm_of(self)  # type: ignore[arg-type]
-        groups = [(group["params"], rules.group_hyperparameters(algorithm, group))
+        groups = [(group["params"], rules.group_hyperparameters(algorithm, group, self))
                   for group in self.param_groups]  # type: ignore[attr-defined]
         grads: Dict[int, torch.Tensor] = {}
         states: Dict[int, Dict[str, torch.Tensor]] = {}
@@ -205,6 +213,8 @@ class SGD(Optimizer, torch.optim.SGD):
             accum_type=_accum_type(accum_type, "accum_type"),
             velocity_accum_type=_accum_type(velocity_accum_type, "velocity_accum_type"),
             max_grad_norm=max_grad_norm)
+        if velocity_scaling is not None and not self.use_combined_accum:
+            logger.warning(VELOCITY_SCALING_IGNORED)
         if self.use_combined_accum:
             # The combined variant's velocity scaling may differ between groups
             # (the user guide's one per-group PopTorch attribute); a group added

@@ -165,3 +165,42 @@ def test_a_constant_velocity_scaling_cannot_change():
     optimizer.param_groups[0]["velocity_scaling"] = 8.0
     with pytest.raises(poptorch.Error, match="'velocity_scaling' is a constant"):
         training.setOptimizer(optimizer)
+
+
+def test_the_separate_sgd_ignores_velocity_scaling_in_poptorch_s_words(log):
+    # The user guide gives velocity scaling to the combined variant only:
+    # PopTorch's separate variant ignores it and says so when it is given. A
+    # change after compiling was silently ignored; it is said once, while the
+    # learning rate changed beside it is taken. Training and the state dict
+    # are torch's SGD's (the velocity is not held scaled).
+    ignored = "velocity_scaling value ignored when using the separate variant"
+    model, cpu = net(), net()
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9,
+                                   velocity_scaling=4.0)
+    assert len(lines(log, ignored)) == 1
+    cpu_optimizer = torch.optim.SGD(cpu.parameters(), lr=0.05, momentum=0.9)
+    training = poptorch.trainingModel(model, optimizer=optimizer)
+    for step in range(5):
+        if step in (2, 3):
+            optimizer.velocity_scaling = 16.0 * step
+            for o in (optimizer, cpu_optimizer):
+                o.param_groups[0]["lr"] = 0.02 * step
+        training(*batch(step))
+        cpu_optimizer.zero_grad()
+        cpu(*batch(step))[1].backward()
+        cpu_optimizer.step()
+    assert len(lines(log, ignored)) == 1
+    for ours, theirs in zip(model.parameters(), cpu.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    state, cpu_state = optimizer.state_dict()["state"], cpu_optimizer.state_dict()["state"]
+    for index, entry in cpu_state.items():
+        torch.testing.assert_close(state[index]["momentum_buffer"], entry["momentum_buffer"],
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_a_separate_sgd_without_velocity_scaling_says_nothing(log):
+    model = net()
+    training = poptorch.trainingModel(model, optimizer=poptorch.optim.SGD(
+        model.parameters(), lr=0.05, momentum=0.9))
+    training(*batch(0))
+    assert not lines(log, "velocity_scaling")
