@@ -26,8 +26,8 @@ class ExecutorInputs:
         """The inputs' leaves and their spec (see _inputs.py). IPUs have no
         64-bit floating point, so float64 (complex128) inputs become float32
         (complex64), as in PopTorch; `_given` keeps the caller's tensors."""
-        args, kwargs = _inputs.bind(self._model.forward, args, kwargs)
-        given, spec, self._input_objects = _inputs.flatten(args, kwargs)
+        args, kwargs, call_keywords = _inputs.bind(self._model.forward, args, kwargs)
+        given, spec, self._input_objects = _inputs.flatten(args, kwargs, call_keywords)
         self._given = [leaf for leaf in given if isinstance(leaf, torch.Tensor)]
         leaves = list(given)
         for index, leaf in enumerate(leaves):

@@ -11,7 +11,7 @@ import abc
 import functools
 import inspect
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 import torch
@@ -58,11 +58,16 @@ class InputSpec:
     """The structure of a call's inputs; equal specs take the same leaves."""
     tree: Any
     custom: Tuple[Tuple[int, _Custom], ...]  # (position among the tree's leaves, what)
+    # The names of the last positional arguments of the canonical form that
+    # forward is called with as keywords, as the call that compiled gave them
+    # (or left them to their defaults): not part of the structure.
+    call_keywords: Tuple[str, ...] = field(default=(), compare=False)
 
 
-def flatten(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[List[Any], InputSpec, List[Any]]:
+def flatten(args: Tuple[Any, ...], kwargs: Dict[str, Any],
+            call_keywords: Tuple[str, ...] = ()) -> Tuple[List[Any], InputSpec, List[Any]]:
     """The leaves of a call, its spec, and the custom objects (to rebuild
-    them later around other tensors)."""
+    them later around other tensors); ``call_keywords`` as ``bind`` gives them."""
     tree_leaves, tree = pytree.tree_flatten((args, kwargs),
                                             is_leaf=lambda x: type(x) in _PARSERS)
     leaves: List[Any] = []
@@ -81,12 +86,13 @@ def flatten(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[List[Any], I
         custom.append((position, _Custom(type(leaf), len(tensors))))
         originals.append(leaf)
         leaves.extend(tensors)
-    return leaves, InputSpec(tree, tuple(custom)), originals
+    return leaves, InputSpec(tree, tuple(custom), call_keywords), originals
 
 
 def unflatten(leaves: List[Any], spec: InputSpec, originals: List[Any]) -> Tuple[Tuple[Any, ...],
                                                                                  Dict[str, Any]]:
-    """``(args, kwargs)`` from leaves, rebuilding custom objects like ``originals``."""
+    """``(args, kwargs)`` from leaves, rebuilding custom objects like
+    ``originals``, in the form of the call that compiled (see ``bind``)."""
     rest = iter(leaves)
     tree_leaves: List[Any] = []
     customs = dict(spec.custom)
@@ -99,7 +105,11 @@ def unflatten(leaves: List[Any], spec: InputSpec, originals: List[Any]) -> Tuple
         tensors = iter([next(rest) for _ in range(what.count)])
         tree_leaves.append(_PARSERS[what.type].reconstruct(original, tensors))
     args, kwargs = pytree.tree_unflatten(tree_leaves, spec.tree)
-    return tuple(args), kwargs
+    names = getattr(spec, "call_keywords", ())  # specs saved before it have none
+    if not names:
+        return tuple(args), kwargs
+    split = len(args) - len(names)
+    return tuple(args[:split]), {**dict(zip(names, args[split:])), **kwargs}
 
 
 def _signature(forward: Callable[..., Any]) -> Optional[inspect.Signature]:
@@ -140,16 +150,22 @@ def _method_signature(function: Callable[..., Any]) -> Optional[inspect.Signatur
     return signature.replace(parameters=parameters[1:])
 
 
-def bind(forward: Callable[..., Any], args: Tuple[Any, ...],
-         kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+def bind(forward: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]
+         ) -> Tuple[Tuple[Any, ...], Dict[str, Any], Tuple[str, ...]]:
     """The call in the canonical form of ``forward``'s signature, defaults
     filled in, as PopTorch matches inputs: ``model(x)`` and ``model(x, y=d)``
     (``d`` the default of ``y``) are calls of one compiled step. Arguments that
     do not fit the signature raise the TypeError that calling it would, as a
-    poptorch.Error too (PopTorch's words first for a missing argument)."""
+    poptorch.Error too (PopTorch's words first for a missing argument).
+
+    Also the names of the canonical positional arguments that the call did
+    not give by position: forward is called with them as keywords, so that it
+    sees the caller's positional arguments only, as on the CPU (a decorator
+    that adds a keyword argument, such as transformers' ``use_cache``, would
+    otherwise get it twice; forward pre-hooks see the caller's ``args``)."""
     signature = _signature(forward)
     if signature is None:  # no Python signature: take the call as it is
-        return args, kwargs
+        return args, kwargs, ()
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as error:
@@ -157,7 +173,12 @@ def bind(forward: Callable[..., Any], args: Tuple[Any, ...],
         prefix = f"Mandatory parameter {missing.group(1)} missing: " if missing else ""
         raise TypeCompatibleError(prefix + str(error)) from None
     bound.apply_defaults()
-    return tuple(bound.args), dict(bound.kwargs)
+    canonical = tuple(bound.args)
+    # Positional-only parameters cannot be given by keyword.
+    kinds = [p.kind for p in signature.parameters.values()]
+    positional = max(len(args), kinds.count(inspect.Parameter.POSITIONAL_ONLY))
+    names = tuple(signature.parameters)[positional:len(canonical)]
+    return canonical, dict(bound.kwargs), names if len(canonical) > positional else ()
 
 
 def positional_names(forward: Callable[..., Any]) -> List[str]:

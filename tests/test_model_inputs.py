@@ -1,6 +1,7 @@
 """How a wrapped model matches a call's inputs with the compiled step: by the
 forward signature, defaults filled in (as PopTorch does), and what it says
 when a call does not fit. Outputs are compared with the model on the CPU."""
+import functools
 import re
 
 import pytest
@@ -52,6 +53,56 @@ def test_var_positional_and_keyword_arguments():
     b, c, d, t, z = tensors(5)
     torch.testing.assert_close(inference(2, b, c, d, t=t, z=z), model(2, b, c, d, t=t, z=z))
     torch.testing.assert_close(inference(2, b, d, c, z=z, t=t), model(2, b, d, c, z=z, t=t))
+
+
+def _adds_a_keyword(forward):
+    """As transformers' decorators do (``use_cache`` from the config): the
+    keyword is added unless the call gave the parameter by position."""
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        if len(args) < 2 and kwargs.get("scale") is None:
+            kwargs["scale"] = self.default_scale
+        return forward(self, *args, **kwargs)
+    return wrapper
+
+
+class Decorated(torch.nn.Module):
+    default_scale = 3.0
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.positional = []
+        self.register_forward_pre_hook(lambda _, args: self.positional.append(len(args)))
+
+    @_adds_a_keyword
+    def forward(self, x, scale=None, shift=torch.ones(2)):
+        return self.lin(x) * scale + shift
+
+
+def test_forward_is_called_with_the_callers_positional_arguments_only():
+    # Defaults are filled in to match calls (bind), but forward sees the call
+    # as the caller made it: a decorator that adds a keyword argument got it
+    # twice ("got multiple values for argument"), and pre-hooks saw the defaults.
+    model = Decorated()
+    x = torch.randn(4, 2)
+    expected = model(x)
+    inference = poptorch.inferenceModel(model)
+    torch.testing.assert_close(inference(x), expected)
+    assert model.positional == [1, 1]  # the CPU call's, then the capture's
+    # A default tensor is an input of the step, as before: the call that gives
+    # shift is the same step, with its own value.
+    torch.testing.assert_close(inference(x, shift=torch.zeros(2)), model(x, shift=torch.zeros(2)))
+
+
+def test_positional_only_defaults_stay_positional():
+    class PositionalOnly(torch.nn.Module):
+        def forward(self, x, y=torch.full((2,), 2.0), /, z=torch.ones(2)):
+            return x * y + z
+
+    model = PositionalOnly()
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(poptorch.inferenceModel(model)(x), model(x))
 
 
 def test_a_call_that_does_not_fit_the_signature_raises_the_cpu_type_error():
