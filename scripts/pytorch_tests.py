@@ -5,7 +5,8 @@
 DIR holds PyTorch's test files (every DIR/test_*.py when none is named; see
 docs/pytorch_tests.md for how to get them). Each file runs in its own pytest process,
 with the ipu's test base (TORCH_TEST_DEVICES) and `-k ipu` (narrowed by
---select), under a time limit (--timeout seconds); its verbose log goes to DIR/logs/FILE.log. Then the tests
+--select), under a time limit (--timeout seconds); its verbose log goes to DIR/logs/FILE.log
+(FILE.TAG.log with --tag TAG). Only tests of the ipu classes are counted. Then the tests
 that failed on the ipu run again on the CPU: one that fails there too does not
 match the installed torch (the file comes from another PyTorch version), and is
 counted apart. A table of pass rates is printed, and written to DIR/logs/summary.md.
@@ -82,22 +83,33 @@ def cpu_twin(test_id: str) -> str:
     return "::".join([path, re.sub(r"IPU$", "CPU", cls), name])
 
 
-def measure(directory: Path, name: str, timeout: int, select: str) -> Tuple[Counter, bool]:
+def is_ipu_test(test_id: str) -> bool:
+    """True for a test of an instantiated ipu class (TestFooIPU::...).
+
+    `-k ipu` matches case-insensitively anywhere in a test's id, so it also runs
+    CPU tests of ops such as `flipud`; those are not counted."""
+    parts = test_id.split("::")
+    return len(parts) == 3 and parts[1].endswith("IPU")
+
+
+def measure(directory: Path, name: str, timeout: int, select: str,
+            tag: str = "") -> Tuple[Counter, bool]:
     logs = directory / "logs"
-    log = logs / f"{name}.log"
+    stem = f"{name}.{tag}" if tag else name
+    log = logs / f"{stem}.log"
     keyword = f"ipu and ({select})" if select else "ipu"
     finished = run_pytest(directory, [name, "-k", keyword], log, timeout)
-    results = outcomes(log)
+    results = {t: r for t, r in outcomes(log).items() if is_ipu_test(t)}
     failed = [t for t, r in results.items() if r in ("FAILED", "ERROR", "XPASS")]
     counts = Counter({"PASSED": 0, "FAILED": 0, "SKIPPED": 0, "CPU_TOO": 0})
     cpu_failures = set()
     if failed:
-        cpu_log = logs / f"{name}.cpu.log"
+        cpu_log = logs / f"{stem}.cpu.log"
         run_pytest(directory, [cpu_twin(t) for t in failed], cpu_log, timeout)
         cpu_results = outcomes(cpu_log)
         cpu_failures = {t for t in failed
                         if cpu_results.get(cpu_twin(t)) in ("FAILED", "ERROR", "XPASS")}
-        (logs / f"{name}.cpu-too.txt").write_text("".join(f"{t}\n" for t in sorted(cpu_failures)))
+        (logs / f"{stem}.cpu-too.txt").write_text("".join(f"{t}\n" for t in sorted(cpu_failures)))
     for test, result in results.items():
         if test in cpu_failures:
             counts["CPU_TOO"] += 1
@@ -118,6 +130,9 @@ def main() -> None:
     parser.add_argument("--select", default="",
                         help="a pytest -k expression that narrows each file's ipu tests "
                              "(e.g. 'not _refs' for the OpInfo-heavy files)")
+    parser.add_argument("--tag", default="",
+                        help="names this run's logs FILE.TAG.log and its table summary.TAG.md, "
+                             "so that runs of subsets of one file keep their own logs")
     args = parser.parse_args()
     directory = args.directory.resolve()
     files = args.files or sorted(p.name for p in directory.glob("test_*.py"))
@@ -125,15 +140,17 @@ def main() -> None:
     rows = ["| file | passed | failed | skipped | fail on the CPU too | pass rate |",
             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name in files:
-        counts, finished = measure(directory, name, args.timeout, args.select)
+        counts, finished = measure(directory, name, args.timeout, args.select, args.tag)
         ran = counts["PASSED"] + counts["FAILED"]
         rate = f"{100.0 * counts['PASSED'] / ran:.1f}%" if ran else "-"
-        label = name if finished else f"{name} (time limit: partial)"
+        label = f"{name} ({args.tag})" if args.tag else name
+        label = label if finished else f"{label} (time limit: partial)"
         rows.append(f"| {label} | {counts['PASSED']} | {counts['FAILED']} | "
                     f"{counts['SKIPPED']} | {counts['CPU_TOO']} | {rate} |")
         print(rows[-1], flush=True)
     table = "\n".join(rows)
-    (directory / "logs" / "summary.md").write_text(table + "\n")
+    summary = f"summary.{args.tag}.md" if args.tag else "summary.md"
+    (directory / "logs" / summary).write_text(table + "\n")
     print(table)
 
 

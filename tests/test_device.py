@@ -156,6 +156,25 @@ def test_cpu_scalar_tensors_mix_with_ipu_tensors():
     assert torch.equal(result.cpu(), torch.full((3,), 3.0))
 
 
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda ipu, cpu: torch.add(ipu, ipu, out=cpu),
+        lambda ipu, cpu: torch.bitwise_not(ipu.long(), out=cpu.long()),
+        lambda ipu, cpu: torch.mul(ipu, 2.0, out=cpu),
+        lambda ipu, cpu: cpu.add_(ipu),
+    ],
+)
+def test_cpu_scalar_tensors_are_not_written_by_ipu_ops(op):
+    """A 0-dim CPU tensor mixes with ipu tensors as an input only, as CUDA's TensorIterator
+    allows: as out= or as the target of an in-place op, the op raises the device error (it ran
+    without one and left the CPU tensor unwritten; PyTorch's test_ops test_out, case 3)."""
+    ipu, cpu = torch.tensor(1.0, device="ipu"), torch.tensor(7.0)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        op(ipu, cpu)
+    assert cpu.item() == 7.0
+
+
 # A CPU scalar first: PyTorch's Python Meta kernels refused it (the op ran on the
 # host and its result stayed there), and PyTorch's host fallback returns results
 # on the device of its first tensor argument.

@@ -197,6 +197,13 @@ def test_the_pass_rate_script_reruns_an_ipu_test_as_its_cpu_twin():
         "t.py::NumpyTestsCPU::test_ipu_like_cpu"
 
 
+def test_the_pass_rate_script_counts_only_the_ipu_classes():
+    # `-k ipu` also selects the CPU tests of ops whose name holds "ipu" (flipud).
+    script = _script("pytorch_tests")
+    assert script.is_ipu_test("test_ops.py::TestCommonIPU::test_out_flipud_ipu_float32")
+    assert not script.is_ipu_test("test_ops.py::TestCommonCPU::test_out_flipud_cpu_float32")
+
+
 def test_the_upstream_script_reads_test_ids_with_spaces(tmp_path):
     # Parametrised strings put spaces (and " - ", brackets) in pytest's test ids.
     spaced = "o.py::test_invalid[key:a-expected_str:(Unknown .* option .*|x - y)]"

@@ -34,8 +34,10 @@ std::string opName(const c10::OperatorHandle& op) {
 
 namespace {
 
-// The ipu device the op runs on. Host tensors may only be 0-dim scalars, as
-// for CUDA; host index tensors in Tensor?[] lists are uploaded by the caller.
+// The ipu device the op runs on. Host tensors may only be 0-dim scalars that
+// the op reads, as for CUDA (TensorIterator allows CPU scalars as inputs, never
+// as outputs: an out= or in-place host tensor would not receive the result);
+// host index tensors in Tensor?[] lists are uploaded by the caller.
 // An ipu tensor whose value a failed graph could not compute raises that
 // graph's error wherever it is used (see device::poison), before this.
 std::optional<c10::Device> commonDevice(const c10::OperatorHandle& op, const OpTraits& traits,
@@ -45,13 +47,14 @@ std::optional<c10::Device> commonDevice(const c10::OperatorHandle& op, const OpT
   std::optional<c10::Device> other;
   for (size_t i = 0; i < arguments.size(); ++i) {
     const bool in_index_list = traits.args[i].optional_tensor_list;
+    const bool host_scalar_allowed = arguments[i].isTensor() && !traits.args[i].writes;
     forEachTensor(arguments[i], [&](const at::Tensor& t) {
       if (!t.defined()) return;
       if (t.is_ipu()) {
         device::checkNotPoisoned(*t.storage().unsafeGetStorageImpl());
         if (!ipu) ipu = t.device();
         if (*ipu != t.device() && !allow_several_ipus) other = t.device();
-      } else if (!(t.is_cpu() && (in_index_list || (t.dim() == 0 && arguments[i].isTensor())))) {
+      } else if (!(t.is_cpu() && (in_index_list || (t.dim() == 0 && host_scalar_allowed)))) {
         other = t.device();
       }
     });
