@@ -35,7 +35,8 @@ def test_cpu_and_ipu_agree_on_random_programs():
 # ---- the checker catches what it must catch ------------------------------------------------
 
 def _trace(device, error=None, strides=(3, 1), value=None):
-    meta = Meta((2, 3), torch.float32, strides, 0, strides == (3, 1), False, True, 24)
+    meta = Meta((2, 3), torch.float32, strides, 0, strides == (3, 1), False, True, 24, False,
+                False)
     value = torch.zeros(2, 3) if value is None else value
     return Trace(device, [Record(error, None, False, {"t0": meta})], {"t0": value})
 

@@ -455,3 +455,25 @@ def test_a_result_dropped_unused_does_not_change_the_next_graph():
     torch.ones(2).to("ipu") * 2  # noqa: B018 - dropped: nothing is left to run
     poptorch.synchronize()
     assert poptorch.metrics()["executions"] == executions
+
+
+MEMORY_FORMAT_CALLS = {
+    "to": lambda x, f: x.to(memory_format=f), "clone": lambda x, f: x.clone(memory_format=f),
+    "contiguous": lambda x, f: x.contiguous(memory_format=f),
+    "empty_like": lambda x, f: torch.empty_like(x, memory_format=f),
+    "zeros_like": lambda x, f: torch.zeros_like(x, memory_format=f),
+    "empty": lambda x, f: torch.empty(x.shape, device=x.device, memory_format=f),
+}
+
+
+@pytest.mark.parametrize("call", MEMORY_FORMAT_CALLS)
+def test_a_channels_last_format_of_another_rank_is_the_cpus_error(call):
+    # Batch seed 9100: `t.to(memory_format=torch.channels_last)` of a 3-D ipu tensor gave
+    # channels-last-like strides (c10's stride helpers take 3 dims) where the CPU refuses.
+    for dev in DEVICES:
+        for shape, fmt, rank in (((1, 2, 3), torch.channels_last, 4),
+                                 ((1, 2, 3, 4), torch.channels_last_3d, 5)):
+            with pytest.raises(RuntimeError, match=f"required rank {rank} tensor"):
+                MEMORY_FORMAT_CALLS[call](torch.ones(shape, device=dev), fmt)
+        x = torch.ones(2, 3, 4, 5, device=dev)
+        assert MEMORY_FORMAT_CALLS[call](x, torch.channels_last).stride() == (60, 1, 15, 3)

@@ -59,17 +59,24 @@ void checkStrided(std::optional<c10::Layout> layout) {
                               "ipu tensors are strided; layout ", *layout, " is not supported");
 }
 
+// The strides of a new (or resized) tensor, with the checks the CPU's
+// TensorImpl::empty_tensor_restride makes: get_channels_last_strides_2d also
+// takes 3 dims (and _3d 4), where the CPU refuses every rank but 4 (and 5).
 c10::DimVector stridesFor(c10::IntArrayRef sizes, c10::MemoryFormat format) {
   std::vector<int64_t> strides;
   switch (format) {
+    case c10::MemoryFormat::Contiguous:
+      return c10::contiguous_strides(sizes);
     case c10::MemoryFormat::ChannelsLast:
+      TORCH_CHECK(sizes.size() == 4, "required rank 4 tensor to use channels_last format");
       strides = c10::get_channels_last_strides_2d(sizes);
       break;
     case c10::MemoryFormat::ChannelsLast3d:
+      TORCH_CHECK(sizes.size() == 5, "required rank 5 tensor to use channels_last_3d format");
       strides = c10::get_channels_last_strides_3d(sizes);
       break;
     default:
-      return c10::contiguous_strides(sizes);
+      TORCH_CHECK(false, "unsupported memory format ", format);
   }
   return c10::DimVector(strides.begin(), strides.end());
 }

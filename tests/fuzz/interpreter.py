@@ -44,6 +44,8 @@ class Values:
         g = self._generator
         if dtype == torch.bool:
             values = torch.rand(shape, generator=g) < 0.5
+        elif dtype.is_complex:
+            values = (torch.randn(shape, generator=g, dtype=torch.complex64) * 2).to(dtype)
         elif dtype.is_floating_point:
             values = torch.randn(shape, generator=g) * 2
             if special:
@@ -70,6 +72,8 @@ class Meta:
     requires_grad: bool
     is_leaf: Union[bool, str]
     storage_bytes: int
+    inference: bool  # made under torch.inference_mode
+    conj: bool  # a complex tensor's lazy conjugate bit
 
     @staticmethod
     def of(t: torch.Tensor) -> "Meta":
@@ -81,7 +85,8 @@ class Meta:
         except RuntimeError as e:  # a view autograd has invalidated: reading it raises
             is_leaf = f"raises {str(e)[:40]}"
         return Meta(tuple(t.shape), t.dtype, strides, 0 if empty else t.storage_offset(),
-                    t.is_contiguous(), t.requires_grad, is_leaf, t.untyped_storage().nbytes())
+                    t.is_contiguous(), t.requires_grad, is_leaf, t.untyped_storage().nbytes(),
+                    t.is_inference(), t.is_conj())
 
 
 @dataclass
@@ -266,8 +271,10 @@ def resolve(program: Program, value_seed: int, issues: KnownIssues) -> Resolved:
             skipped.append(step.op)
             continue
         line.key = _STEP_KEYS + k
-        if line.value_dependent and any(run.is_undefined(n) for n in line.reads):
-            skipped.append(f"{step.op} of undefined values")  # its shapes would be random
+        if (line.value_dependent or line.needs_defined) and \
+                any(run.is_undefined(n) for n in line.reads):
+            # Its shapes would be random, or its gradients.
+            skipped.append(f"{step.op} of undefined values")
             continue
         issue = issues.before(line, run.ns)
         if issue is None:

@@ -49,6 +49,9 @@ class Line:
     undefined: Optional[Callable[[Dict[str, object]], bool]] = None
     ipu_refuses: Optional[type] = None  # the CPU runs it, the ipu must raise this
     value_dependent: bool = False  # shapes or control flow depend on values
+    # Its reads must have defined values: a gradient accumulated from random values would
+    # leave every later gradient of the leaves undefined, unnoticed.
+    needs_defined: bool = False
     # Seeds the line's ``rnd`` values: a step keeps its values when others are removed.
     key: int = 0
 
@@ -113,6 +116,10 @@ class Chooser:
         name = candidates[-1 - self.int(0, 7) % len(candidates)]
         self.reads.append(name)
         return name
+
+    def has(self, where: Callable[[torch.Tensor], bool]) -> bool:
+        """Whether a live tensor satisfies `where` (choosing nothing)."""
+        return any(where(self.ns[n]) for n in self._tensors)
 
     def t(self, name: str) -> torch.Tensor:
         return self.ns[name]
@@ -886,11 +893,11 @@ def _float_to_int_undefined(source: str, dtype: torch.dtype) -> Callable[[Dict],
     (nan and inf included): the CPU's answer then depends on the kernel's code path."""
     def undefined(ns: Dict) -> bool:
         src = ns[source]
-        if not is_float(src) or dtype.is_floating_point or dtype == torch.bool \
-                or src.numel() == 0:
+        if not (is_float(src) or src.dtype.is_complex) or dtype.is_floating_point or \
+                dtype.is_complex or dtype == torch.bool or src.numel() == 0:
             return False
         info = torch.iinfo(dtype)
-        v = src.detach().float()
+        v = (src.detach().real if src.dtype.is_complex else src.detach()).float()
         return bool((~torch.isfinite(v) | (v < info.min) | (v >= info.max + 1)).any())
     return undefined
 
@@ -1234,5 +1241,8 @@ def _branch(c: Chooser) -> Line:
     test = f"bool({cond})" if c.flag(4) else f"bool({cond}.float().sum() > 0)"
     return c.assign("branch", f"{x}.add(1) if {test} else {x}.mul(2)", value_dependent=True)
 
+
+# The ops of the other modules register themselves into OPS.
+from . import ops_nn, ops_state  # noqa: E402,F401 pylint: disable=wrong-import-position
 
 OP_NAMES: Tuple[str, ...] = tuple(OPS)
