@@ -28,6 +28,7 @@ from . import _precompilation
 from . import _replica_grouping
 from . import _wrapped_model
 from ._anchors import Anchors
+from ._compiled_with import CompiledWith
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
 from ._errors import AssertionCompatibleError, Error
@@ -104,6 +105,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         self._state: Optional[DeviceState] = None
         self._device_optimizer: Optional[DeviceOptimizer] = None
         self._step: Optional[StepCapture] = None
+        # The forward hooks and trainable parameters the step was compiled with.
+        self._compiled_with: Optional[CompiledWith] = None
         self._micro_step: Optional[Any] = None
         self._replica_buffers: Optional[Any] = None  # broadcastBuffers(False)
         self._update: Optional[Any] = None  # the first update program
@@ -157,6 +160,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
             self._check_grouping()
             _inputs.check_default_dtype(self._default_dtype)
             self._check_inputs(leaves, spec)
+            if self._compiled_with is not None:
+                self._compiled_with.check()
             if not self._attached:
                 logger.info("attaching the model to the IPU again")
                 self.attachToDevice()
@@ -270,6 +275,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         self._state.detach()
         self._device_optimizer = None
         self._micro_step = self._update = self._updates = self._step = None
+        self._compiled_with = None
         self._replica_buffers = None
         self._before_update = self._grouped = None
         self._attached = False
@@ -494,6 +500,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
                            mean if accumulate else None, self._modes)
         self._step = step
         first = step.micro_step()
+        self._compiled_with = CompiledWith(self._model, self._training)
         # The weights go to their blocks' IPUs before the update is captured:
         # each update op runs on the IPU of the weight it updates.
         _ipu_memory.place_weights(

@@ -471,6 +471,14 @@ HOST_CHANGES_A_STEP_CANNOT_TAKE = {
                           "submodule 'extra' was added"),
     "a gradient hook added": (True, lambda m: m.lin.bias.register_hook(lambda g: g * 0),
                               "hooks on the model's parameter 'lin.bias' changed"),
+    # The step ran without the hook, or went on training the frozen weight, silently.
+    "a forward hook added": (False, lambda m: m.lin.register_forward_hook(lambda *a: a[2] * 2),
+                             "forward hook was registered on or removed from the model's "
+                             "submodule 'lin'.*destroy"),
+    "a forward pre-hook added": (True, lambda m: m.register_forward_pre_hook(lambda *a: None),
+                                 "forward hook was registered on or removed from the model "),
+    "a parameter frozen": (True, lambda m: m.lin.weight.requires_grad_(False),
+                           "'lin.weight' was frozen.*goes on training it.*destroy"),
 }
 
 
@@ -485,6 +493,36 @@ def test_a_host_change_the_compiled_step_cannot_take_is_an_error(case):
     change(model)
     with pytest.raises(poptorch.Error, match=message):
         wrapped(x)
+
+
+def test_a_forward_hook_removed_after_compiling_is_an_error_and_destroy_takes_the_hooks():
+    torch.manual_seed(0)
+    model = NormalisesAndReads().eval()
+    reference = copy.deepcopy(model)
+    handle = model.lin.register_forward_hook(lambda module, args, out: out * 2)
+    reference.lin.register_forward_hook(lambda module, args, out: out * 2)
+    ipu = poptorch.inferenceModel(model)
+    x = torch.rand(4, 3)
+    torch.testing.assert_close(ipu(x), reference(x))
+    handle.remove()
+    with pytest.raises(poptorch.Error, match="submodule 'lin' after the model was compiled"):
+        ipu(x)
+    ipu.destroy()
+    torch.testing.assert_close(ipu(x), copy.deepcopy(model)(x))
+
+
+def test_a_parameter_frozen_before_compiling_again_stays_as_it_is():
+    torch.manual_seed(0)
+    model = NormalisesAndReads()
+    x = torch.rand(4, 3)
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    training(x)
+    model.lin.weight.requires_grad_(False)
+    training.destroy()
+    frozen, bias = model.lin.weight.detach().clone(), model.lin.bias.detach().clone()
+    training(x)
+    torch.testing.assert_close(model.lin.weight.detach(), frozen, rtol=0, atol=0)
+    assert not torch.equal(model.lin.bias.detach(), bias)  # the others train
 
 
 GRADIENT_HOOKS = {"zeroes": lambda g: g * 0, "clamps": lambda g: g.clamp(-0.01, 0.01),
