@@ -477,3 +477,16 @@ def test_a_channels_last_format_of_another_rank_is_the_cpus_error(call):
                 MEMORY_FORMAT_CALLS[call](torch.ones(shape, device=dev), fmt)
         x = torch.ones(2, 3, 4, 5, device=dev)
         assert MEMORY_FORMAT_CALLS[call](x, torch.channels_last).stride() == (60, 1, 15, 3)
+
+
+@pytest.mark.parametrize("shape", [(), (2,)])
+def test_a_view_of_a_conjugate_view_keeps_the_conjugate_bit(shape):
+    # Batch seed 31700000: `torch.conj(z).unfold(0, 0, 1)`: unfold has no ipu kernel and
+    # its view, made from the Meta kernel's result, lost the conj bit: the values read
+    # back were z's, not its conjugate's, silently.
+    z = torch.full(shape, 1 + 2j, dtype=torch.complex64)
+    for view in (lambda t: t.unfold(0, 1, 1), lambda t: t.unfold(0, 0, 1)):
+        expected = view(torch.conj(z))
+        got = view(torch.conj(z.to("ipu")))
+        assert got.is_conj() == expected.is_conj()
+        assert_same(expected, got)

@@ -275,12 +275,16 @@ c10::IValue freshResult(const ReturnInfo& info, int device, ir::Node& node, Pend
 }
 
 // The result for a return that is a view of an argument: an ipu tensor on the
-// argument's storage with the view's metadata.
+// argument's storage with the view's metadata, conjugate and negative bits
+// included (`conj(z).unfold(...)` reads the conjugate, as on the CPU).
 c10::IValue viewResult(const ReturnInfo& info, const std::vector<c10::Storage>& storages) {
   auto make = [&](const Layout& layout) -> at::Tensor {
     TORCH_INTERNAL_ASSERT(layout.storage >= 0, "a view result does not view an ipu argument");
-    return device::ipuView(storages[layout.storage], layout.sizes, layout.strides, layout.offset,
-                           layout.dtype);
+    at::Tensor view = device::ipuView(storages[layout.storage], layout.sizes, layout.strides,
+                                      layout.offset, layout.dtype);
+    view.unsafeGetTensorImpl()->_set_conj(layout.conj);
+    view.unsafeGetTensorImpl()->_set_neg(layout.neg);
+    return view;
   };
   if (!info.is_list) return make(info.tensors[0]);
   c10::List<at::Tensor> list;

@@ -454,6 +454,8 @@ Layout layoutOf(const at::Tensor& t, int32_t storage) {
   layout.strides.assign(t.strides().begin(), t.strides().end());
   layout.offset = t.storage_offset();
   layout.storage = storage;
+  layout.conj = t.is_conj();
+  layout.neg = t.is_neg();
   return layout;
 }
 

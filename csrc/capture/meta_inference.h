@@ -24,6 +24,9 @@ struct Layout {
   c10::SmallVector<int64_t, 5> strides;
   int64_t offset = 0;
   int32_t storage = -1;  // a view's storage: an index into argumentStorages()
+  // A view of a conjugate (or negative) view keeps the bit, as on the CPU.
+  bool conj = false;
+  bool neg = false;
 
   bool operator==(const Layout& other) const = default;
 };
