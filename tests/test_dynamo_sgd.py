@@ -45,6 +45,11 @@ RULES = {
     "dampening": ({"momentum": 0.9, "dampening": 0.1}, 0),  # buf += (1 - d) grad
     "nesterov": ({"momentum": 0.9, "nesterov": True}, 0),  # steps with grad + m buf
     "plain": ({}, 0),
+    # torch.optim.SGD's list form, which ipu parameters get when asked for.
+    "foreach": ({"momentum": 0.9, "foreach": True}, 4),
+    "foreach_weight_decay": ({"momentum": 0.9, "weight_decay": 0.01, "foreach": True}, 4),
+    "foreach_maximize": ({"momentum": 0.9, "maximize": True, "foreach": True}, 4),
+    "foreach_nesterov": ({"momentum": 0.9, "nesterov": True, "foreach": True}, 0),
 }
 
 
