@@ -36,6 +36,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import _C
+from ._dynamo_adam import fuse_adam
 from ._dynamo_dropout import use_counter_based_dropout
 from ._dynamo_sgd import fuse_sgd_momentum
 from ._errors import Error
@@ -70,7 +71,9 @@ def ipu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: Option
         logger.info("torch.compile(backend=\"ipu\"): dynamo compiles a function again (compile "
                     "%s) because a guard failed; TORCH_LOGS=recompiles says which", compile_id)
     if not torch.is_grad_enabled() and not _sets_grad_mode(gm):
-        fuse_sgd_momentum(gm)  # the optimiser's step is such a graph
+        # The optimiser's step is such a graph.
+        fuse_sgd_momentum(gm)
+        fuse_adam(gm)
         replayed = ReplayedGraph(gm, example_inputs)
         return lambda *args: replayed(list(args))
     # Inference graphs write their inputs in place (an optimiser's step: the
