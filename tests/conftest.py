@@ -5,8 +5,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+import contextlib
 import copy
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 import torch
@@ -26,6 +27,39 @@ def _fresh_metrics():
     poptorch.synchronize()
     poptorch.reset_metrics()
     yield
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo forgets what it compiled before and after the test (a module uses
+    it with ``pytestmark = pytest.mark.usefixtures("fresh_dynamo")``)."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def results_of_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> List[Any]:
+    """The results of each call of ``module.name`` from now on, in call order."""
+    results: List[Any] = []
+    function = getattr(module, name)
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        results.append(function(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(module, name, recording)
+    return results
+
+
+@contextlib.contextmanager
+def flush_denormals(on: bool) -> Iterator[None]:
+    """torch.set_flush_denormal(on) while it lives."""
+    torch.set_flush_denormal(on)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def run_python(code: str, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
@@ -88,11 +122,10 @@ def train_micro_batches_beside_the_cpu(model: torch.nn.Module, x: torch.Tensor,
     return reference
 
 
-def sgd_training_step(model: torch.nn.Module,
-                      **sgd_options: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """One classification training step of `model` with torch.optim.SGD (lr 0.05), as a
-    user writes it for torch.compile: zero_grad, forward, cross entropy, backward, step."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, **sgd_options)
+def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer
+                  ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """One classification training step of `model`, as a user writes it for
+    torch.compile: zero_grad, forward, cross entropy, backward, step."""
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
@@ -102,3 +135,31 @@ def sgd_training_step(model: torch.nn.Module,
         return loss
 
     return step
+
+
+def sgd_training_step(model: torch.nn.Module,
+                      **sgd_options: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """`training_step` with torch.optim.SGD (lr 0.05)."""
+    return training_step(model, torch.optim.SGD(model.parameters(), lr=0.05, **sgd_options))
+
+
+def compiled_training_beside_the_cpu(make_optimizer: Callable[[Any], torch.optim.Optimizer],
+                                     steps: int) -> Tuple[torch.optim.Optimizer,
+                                                          torch.optim.Optimizer]:
+    """Trains a small classifier `steps` steps with torch.compile(backend="ipu")
+    beside a CPU copy, asserts the losses and weights against the CPU's, and
+    returns the two optimisers (ipu, CPU)."""
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 5))
+    model = copy.deepcopy(reference).to("ipu")
+    optimizers = make_optimizer(model.parameters()), make_optimizer(reference.parameters())
+    ipu_step = torch.compile(training_step(model, optimizers[0]), backend="ipu")
+    cpu_step = training_step(reference, optimizers[1])
+    for _ in range(steps):
+        x, y = torch.randn(8, 12), torch.randint(0, 5, (8,))
+        loss = ipu_step(x.to("ipu"), y.to("ipu"))
+        torch.testing.assert_close(loss.cpu(), cpu_step(x, y).detach(), rtol=1e-5, atol=1e-6)
+    for (key, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-6, msg=key)
+    return optimizers

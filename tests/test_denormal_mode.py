@@ -2,10 +2,9 @@
 its call, as the CPU does, although the captured graph runs later, maybe on
 another thread; a wrapped or compiled model computes each call in the mode of
 that call, as the CPU model does. The mode is the calling thread's (MXCSR)."""
-import contextlib
 import copy
 import threading
-from typing import Iterator, List
+from typing import List
 
 import pytest
 import torch
@@ -13,18 +12,10 @@ import torch._dynamo
 from torch import nn
 
 import poptorch
+from conftest import flush_denormals
 
 if not torch.set_flush_denormal(False):
     pytest.skip("this CPU has no denormal mode", allow_module_level=True)
-
-
-@contextlib.contextmanager
-def _flush(on: bool) -> Iterator[None]:
-    torch.set_flush_denormal(on)
-    try:
-        yield
-    finally:
-        torch.set_flush_denormal(False)
 
 
 def _denormals() -> torch.Tensor:
@@ -48,10 +39,10 @@ def _assert_bitwise(expected: List[torch.Tensor], actual: List[torch.Tensor]) ->
 def test_a_lazy_graph_computes_in_the_mode_of_its_call(at_call):
     """Captured in one mode, synced in the other: the CPU's values of the call."""
     x = _denormals()
-    with _flush(at_call):
+    with flush_denormals(at_call):
         expected = _ops(x)
         pending = _ops(x.to("ipu"))
-    with _flush(not at_call):
+    with flush_denormals(not at_call):
         other = _ops(x)
         assert any(not torch.equal(e, o) for e, o in zip(expected, other)), \
             "the mode changes nothing on this CPU: the test would prove nothing"
@@ -60,7 +51,7 @@ def test_a_lazy_graph_computes_in_the_mode_of_its_call(at_call):
 
 def test_a_graph_synced_on_another_thread_computes_in_the_mode_of_the_call():
     x = _denormals()
-    with _flush(True):
+    with flush_denormals(True):
         expected = _ops(x)
         pending = _ops(x.to("ipu"))
     results = {}
@@ -74,7 +65,7 @@ def test_ops_of_both_modes_in_one_graph():
     """Equal ops of the two modes are not merged into one."""
     x = _denormals()
     on_ipu = x.to("ipu")
-    with _flush(True):
+    with flush_denormals(True):
         flushed = on_ipu * 1.5
         expected_flushed = x * 1.5
     kept = on_ipu * 1.5
@@ -98,7 +89,7 @@ def test_an_inference_model_computes_each_call_in_the_mode_of_that_call(iteratio
     model = poptorch.inferenceModel(_Scale(), options)
     x = _denormals().repeat(iterations, 1)
     for on in (False, True, False, True):
-        with _flush(on):
+        with flush_denormals(on):
             expected = _Scale()(x)
             actual = model(x)
         _assert_bitwise([expected], [actual])
@@ -112,7 +103,7 @@ def test_a_training_model_computes_each_call_in_the_mode_of_that_call():
     cpu_optimizer = torch.optim.SGD(cpu_model.parameters(), lr=1e-3)
     x = _denormals().reshape(1, 257)
     for on in (True, False, True):
-        with _flush(on):
+        with flush_denormals(on):
             cpu_optimizer.zero_grad()
             expected = cpu_model(x)
             expected.backward()
@@ -138,7 +129,7 @@ def test_a_compiled_function_computes_each_call_in_the_mode_of_that_call():
         compiled = torch.compile(lambda t: t * 1.5 + t, backend="ipu")
         x = _denormals()
         for on in (True, False, True):
-            with _flush(on):
+            with flush_denormals(on):
                 expected = x * 1.5 + x
                 actual = compiled(x.to("ipu"))
             _assert_bitwise([expected], [actual])

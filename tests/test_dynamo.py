@@ -33,11 +33,7 @@ MODELS: Dict[str, Tuple[Callable[[], nn.Module], Inputs]] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _to_ipu(inputs: Tuple[torch.Tensor, ...]) -> Tuple[torch.Tensor, ...]:

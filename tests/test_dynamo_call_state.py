@@ -15,13 +15,10 @@ import torch
 import torch._dynamo
 
 import poptorch
+from conftest import flush_denormals
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @contextlib.contextmanager
@@ -31,15 +28,6 @@ def _deterministic(on: bool, warn_only: bool = False) -> Iterator[None]:
         yield
     finally:
         torch.use_deterministic_algorithms(False)
-
-
-@contextlib.contextmanager
-def _flush_denormals(on: bool) -> Iterator[None]:
-    torch.set_flush_denormal(on)
-    try:
-        yield
-    finally:
-        torch.set_flush_denormal(False)
 
 
 def _copy_rows(target: torch.Tensor, rows: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -117,7 +105,7 @@ def test_denormal_mode_toggled_between_joined_calls():
     x = torch.randn(257, generator=g) * 1e-38  # subnormal float32s, of both signs
     weight = torch.rand(257, generator=g) + 0.5
     for on in (True, False, True, False):
-        with _flush_denormals(on):
+        with flush_denormals(on):
             w = weight.clone().requires_grad_()
             expected = f(w, x)
             expected.backward(torch.ones_like(expected))  # x * 1.5: subnormal

@@ -3,38 +3,24 @@ fused into one pass per parameter (poptorch/_dynamo_sgd.py) where it computes
 the same rule, left as traced where it does not; against the CPU."""
 from __future__ import annotations
 
-import copy
 from typing import List
 
 import pytest
 import torch
 import torch._dynamo
-from torch import nn
 
 import poptorch
 from poptorch import _dynamo_backend
-from conftest import sgd_training_step
+from conftest import compiled_training_beside_the_cpu, results_of_calls
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.fixture
 def fused(monkeypatch) -> List[int]:
     """How many updates each optimiser graph fused, in compile order."""
-    counts: List[int] = []
-    fuse = _dynamo_backend.fuse_sgd_momentum
-
-    def counting(gm: torch.fx.GraphModule) -> int:
-        counts.append(fuse(gm))
-        return counts[-1]
-
-    monkeypatch.setattr(_dynamo_backend, "fuse_sgd_momentum", counting)
-    return counts
+    return results_of_calls(monkeypatch, _dynamo_backend, "fuse_sgd_momentum")
 
 
 # (optimiser options, updates fused in the steady step's graph: 4 parameters)
@@ -56,17 +42,8 @@ RULES = {
 @pytest.mark.parametrize("rule", RULES)
 def test_a_compiled_sgd_step_matches_the_cpu(rule, fused):
     options, steady_fused = RULES[rule]
-    torch.manual_seed(0)
-    reference = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 5))
-    model = copy.deepcopy(reference).to("ipu")
-    ipu_step = torch.compile(sgd_training_step(model, **options), backend="ipu")
-    cpu_step = sgd_training_step(reference, **options)
-    for _ in range(5):
-        x, y = torch.randn(8, 12), torch.randint(0, 5, (8,))
-        loss = ipu_step(x.to("ipu"), y.to("ipu"))
-        torch.testing.assert_close(loss.cpu(), cpu_step(x, y).detach(), rtol=1e-5, atol=1e-6)
-    for (key, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items()):
-        torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-6, msg=key)
+    compiled_training_beside_the_cpu(
+        lambda parameters: torch.optim.SGD(parameters, lr=0.05, **options), steps=5)
     # The first step's graph (momentum buffers made by cloning) fuses nothing;
     # the steady step's graph fuses every parameter's update when the rule allows.
     assert fused[-1] == steady_fused, fused
