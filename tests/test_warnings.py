@@ -39,7 +39,16 @@ def _x(device):
     return torch.arange(6.0, device=device).reshape(2, 3)
 
 
+def _positive_definite(device):
+    a = torch.arange(9.0).reshape(3, 3) / 10
+    return (a @ a.T + torch.eye(3)).to(device)
+
+
 CASES = {
+    # A factorisation fails on capture's stand-ins (all zeros, all ones) as it may on the user's
+    # values; the warnings its CPU kernel gives before it gets there did not come at the call.
+    "cholesky_inverse_into_a_non_empty_out": lambda d: lambda: torch.cholesky_inverse(
+        _positive_definite(d), out=torch.ones(9, device=d)),
     "add_into_a_non_empty_out": lambda d: lambda: torch.add(_x(d), 1, out=torch.ones(7, device=d)),
     "index_select_into_a_non_empty_out": lambda d: lambda: torch.index_select(
         _x(d), 0, torch.tensor([1], device=d), out=torch.ones(9, device=d)),

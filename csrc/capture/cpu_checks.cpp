@@ -222,6 +222,11 @@ std::variant<Raised, CpuRun> runOnStandIns(const c10::OperatorHandle& op,
   }
 }
 
+const std::vector<c10::Warning>& warningsOf(const std::variant<Raised, CpuRun>& run) {
+  if (const auto* went_through = std::get_if<CpuRun>(&run)) return went_through->warnings;
+  return std::get<Raised>(run).warnings;
+}
+
 // A kernel gives some warnings once per process (TORCH_WARN_ONCE, unless
 // torch.set_warn_always): they are the ones a second run does not give
 // again. Those are given now, at the call that checks; `run` keeps the
@@ -230,13 +235,12 @@ CpuRun sortWarnings(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
                     const Extents& extents, int filler, CpuRun run) {
   if (run.warnings.empty()) return run;
   const auto again = runOnStandIns(op, arguments, extents, filler);
-  const auto* rerun = std::get_if<CpuRun>(&again);
+  const std::vector<c10::Warning>& rerun = warningsOf(again);
   std::vector<c10::Warning> every_call;
   for (const c10::Warning& warning : run.warnings) {
-    const bool recurs =
-        rerun != nullptr &&
-        std::any_of(rerun->warnings.begin(), rerun->warnings.end(),
-                    [&](const c10::Warning& other) { return sameWarning(warning, other); });
+    const bool recurs = std::any_of(rerun.begin(), rerun.end(), [&](const c10::Warning& other) {
+      return sameWarning(warning, other);
+    });
     if (recurs) {
       every_call.push_back(warning);
     } else {
@@ -277,7 +281,16 @@ std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
     return sortWarnings(op, arguments, *extents, kFillers[0], std::move(*run));
   }
   const Raised& raised = std::get<Raised>(first);
-  if (raised.about_the_data) return std::nullopt;
+  if (raised.about_the_data) {
+    // The factorisation failed on the fillers, as it may on the user's values;
+    // what the kernel warned before it got there it warns whatever the values
+    // (torch.cholesky's deprecation, a resized out= tensor), so those are given
+    // at the call too. The results keep the Meta kernel's layouts.
+    if (raised.warnings.empty()) return std::nullopt;
+    CpuRun warned;
+    warned.warnings = raised.warnings;
+    return sortWarnings(op, arguments, *extents, kFillers[0], std::move(warned));
+  }
   auto second = runOnStandIns(op, arguments, *extents, kFillers[1]);
   if (auto* run = std::get_if<CpuRun>(&second)) {
     return sortWarnings(op, arguments, *extents, kFillers[1], std::move(*run));
