@@ -88,5 +88,8 @@ def _reseed(c: Chooser) -> Line:
                f"torch.randint(0, 9, {shape}, device=dev).flatten()])"
     else:
         expr = f"torch.rand({shape}, device=dev)"
+    # nan equals nan here: where dropout drops an inf (inf * 0), each device's own mask,
+    # which the devices draw differently, would decide the comparison.
     return c.line(f"reseed:{kind}", f"torch.manual_seed({seed}); _r = {expr}; "
-                  f"torch.manual_seed({seed}); {c.new} = torch.eq(_r, {expr})", result=c.new)
+                  f"torch.manual_seed({seed}); _q = {expr}; "
+                  f"{c.new} = torch.eq(_r, _q) | (_r.ne(_r) & _q.ne(_q))", result=c.new)
