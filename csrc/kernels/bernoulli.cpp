@@ -27,6 +27,8 @@
 #include <cstdint>
 #include <mutex>
 
+#include "kernels/float_vectors.h"
+
 namespace poptorch::kernels {
 namespace {
 
@@ -39,8 +41,7 @@ constexpr int kRounds = 10;
 // is word j of counter 8 b + l.
 constexpr int kLanes = 8;
 constexpr int64_t kBlock = 4 * kLanes;
-// Elements per task when a fill is split over threads (TensorIterator's grain).
-constexpr int64_t kGrainBlocks = 32768 / kBlock;
+constexpr int64_t kGrainBlocks = float_vectors::kGrain / kBlock;
 
 // Words 0-3 of counter {counter, 0, 0} (the low and high halves of a 64-bit
 // counter in the first two words) under `key`.
@@ -125,18 +126,13 @@ __attribute__((target("avx2"))) void avx2Blocks(uint64_t key, uint32_t threshold
   }
 }
 
-bool hasAvx2() {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2;
-}
-
 // Elements [begin, end) of the fill (begin a multiple of kBlock) into `out`,
 // contiguous, as scalar_t.
 template <typename scalar_t>
 void fillRange(uint64_t key, uint32_t threshold, int64_t begin, int64_t end, scalar_t* out) {
   int64_t i = begin;
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (hasAvx2()) {
+    if (float_vectors::hasAvx2()) {
       const int64_t blocks = (end - begin) / kBlock;
       avx2Blocks(key, threshold, begin / kBlock, blocks, out + begin);
       i += blocks * kBlock;

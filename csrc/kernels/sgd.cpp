@@ -16,12 +16,10 @@
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
+#include "kernels/float_vectors.h"
+
 namespace poptorch::kernels {
 namespace {
-
-// Elements per task when the update of one parameter is split over threads
-// (TensorIterator's grain: below it a single thread wins).
-constexpr int64_t kGrain = 32768;
 
 void checkScalar(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.numel() == 1 && t.scalar_type() == at::kFloat, "sgd_momentum_: ", name,
@@ -105,7 +103,7 @@ void sgdUpdate(const SgdCoefficients& c, const at::Tensor& param, const at::Tens
   float* b = buffer.mutable_data_ptr<float>();
   const at::Tensor contiguous_grad = grad.contiguous();
   const float* g = contiguous_grad.const_data_ptr<float>();
-  at::parallel_for(0, param.numel(), kGrain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, param.numel(), float_vectors::kGrain, [&](int64_t begin, int64_t end) {
     sgdRange(c, end - begin, p + begin, b + begin, g + begin);
   });
 }

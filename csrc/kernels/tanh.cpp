@@ -13,7 +13,6 @@
 //
 // Other dtypes, machines without AVX2 and layouts other than one dense block
 // shared by input and output run PyTorch's own tanh.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/empty_like.h>
@@ -21,36 +20,20 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
-#include <algorithm>
-#include <cstring>
+#include "kernels/float_vectors.h"
 
 extern "C" __m256 Sleef_tanhf8_u35avx2(__m256 x);
 
 namespace poptorch::kernels {
 namespace {
 
-// Elements per task when split over threads (TensorIterator's grain).
-constexpr int64_t kGrain = 32768;
-constexpr int64_t kLanes = 8;
+using float_vectors::hasAvx2;
 
-bool hasAvx2() {
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return avx2;
-}
-
-// out[i] = tanh(in[i]) for i in [0, n); the tail goes through the same vector
-// function, so an element's value does not depend on where it falls.
-__attribute__((target("avx2,fma"))) void tanhRange(const float* in, float* out, int64_t n) {
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    _mm256_storeu_ps(out + i, Sleef_tanhf8_u35avx2(_mm256_loadu_ps(in + i)));
+struct Tanh {
+  __attribute__((target("avx2,fma"))) __m256 operator()(__m256 x) const {
+    return Sleef_tanhf8_u35avx2(x);
   }
-  if (i == n) return;
-  float tail[kLanes] = {};
-  std::memcpy(tail, in + i, (n - i) * sizeof(float));
-  _mm256_storeu_ps(tail, Sleef_tanhf8_u35avx2(_mm256_loadu_ps(tail)));
-  std::memcpy(out + i, tail, (n - i) * sizeof(float));
-}
+};
 
 // True when `self` and `out` are float32 blocks of one layout that the fast
 // path can treat as flat arrays.
@@ -61,22 +44,14 @@ bool fastPathApplies(const at::Tensor& self, const at::Tensor& out) {
 }
 
 void fastTanh(const at::Tensor& self, at::Tensor& out) {
-  const float* in = self.const_data_ptr<float>();
-  float* result = out.mutable_data_ptr<float>();
-  at::parallel_for(0, self.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    tanhRange(in + begin, result + begin, end - begin);
-  });
+  float_vectors::map(self.const_data_ptr<float>(), out.mutable_data_ptr<float>(), self.numel(),
+                     Tanh{});
 }
 
 at::Tensor& tanhOut(const at::Tensor& self, at::Tensor& out) {
   if (self.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && hasAvx2()) {
     at::native::resize_output(out, self.sizes());
-    // Element i is read before it is written: in place is fine, a partial
-    // overlap is not.
-    const auto* a = static_cast<const char*>(self.const_data_ptr());
-    const auto* b = static_cast<const char*>(out.const_data_ptr());
-    const auto bytes = static_cast<std::ptrdiff_t>(self.nbytes());
-    if (fastPathApplies(self, out) && (a == b || a + bytes <= b || b + bytes <= a)) {
+    if (fastPathApplies(self, out) && float_vectors::sameOrDisjoint(self, out)) {
       fastTanh(self, out);
       return out;
     }

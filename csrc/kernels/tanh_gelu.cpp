@@ -14,7 +14,6 @@
 // The fast path takes exponents 2 and 3 (products, as the CPU's pow kernel
 // computes them) and alphas of 1; other values, dtypes and layouts, and
 // machines without AVX2, run the chain's ATen ops.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/Resize.h>
@@ -25,50 +24,28 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
-#include <cstring>
+#include "kernels/float_vectors.h"
 
 extern "C" __m256 Sleef_tanhf8_u35avx2(__m256 x);
 
 namespace poptorch::kernels {
 namespace {
 
-constexpr int64_t kGrain = 32768;  // elements per task, as TensorIterator splits
-constexpr int64_t kLanes = 8;
-
-bool hasAvx2() {
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return avx2;
-}
-
-// The chain's scalars, as float32 (what each op's CPU kernel computes with).
+// The chain's scalars, as float32 (what each op's CPU kernel computes with),
+// and the chain on eight floats.
 struct Coefficients {
   float half, kappa, beta, one;
   bool cube;  // exponent 3, else 2
-};
 
-__attribute__((target("avx2,fma"))) inline __m256 geluOf(__m256 x, const Coefficients& c) {
-  const __m256 scaled = _mm256_mul_ps(x, _mm256_set1_ps(c.half));
-  __m256 power = _mm256_mul_ps(x, x);
-  if (c.cube) power = _mm256_mul_ps(power, x);
-  const __m256 inner = _mm256_add_ps(x, _mm256_mul_ps(power, _mm256_set1_ps(c.kappa)));
-  const __m256 t = Sleef_tanhf8_u35avx2(_mm256_mul_ps(inner, _mm256_set1_ps(c.beta)));
-  return _mm256_mul_ps(scaled, _mm256_add_ps(t, _mm256_set1_ps(c.one)));
-}
-
-// The tail goes through the same vector code: an element's value does not
-// depend on where it falls.
-__attribute__((target("avx2,fma"))) void geluRange(const float* in, float* out, int64_t n,
-                                                   const Coefficients& c) {
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    _mm256_storeu_ps(out + i, geluOf(_mm256_loadu_ps(in + i), c));
+  __attribute__((target("avx2,fma"))) __m256 operator()(__m256 x) const {
+    const __m256 scaled = _mm256_mul_ps(x, _mm256_set1_ps(half));
+    __m256 power = _mm256_mul_ps(x, x);
+    if (cube) power = _mm256_mul_ps(power, x);
+    const __m256 inner = _mm256_add_ps(x, _mm256_mul_ps(power, _mm256_set1_ps(kappa)));
+    const __m256 t = Sleef_tanhf8_u35avx2(_mm256_mul_ps(inner, _mm256_set1_ps(beta)));
+    return _mm256_mul_ps(scaled, _mm256_add_ps(t, _mm256_set1_ps(one)));
   }
-  if (i == n) return;
-  float tail[kLanes] = {};
-  std::memcpy(tail, in + i, (n - i) * sizeof(float));
-  _mm256_storeu_ps(tail, geluOf(_mm256_loadu_ps(tail), c));
-  std::memcpy(out + i, tail, (n - i) * sizeof(float));
-}
+};
 
 // The chain, op by op, as the unfused program runs it (with poptorch::tanh,
 // which passes::useFastTanh puts in place of a float32 aten::tanh).
@@ -96,7 +73,7 @@ bool floatOf(const at::Tensor& t, float& value) {
 bool fastPath(const at::Tensor& self, const at::Tensor& half, const at::Scalar& exponent,
               const at::Tensor& kappa, const at::Scalar& alpha, const at::Tensor& beta,
               const at::Tensor& one, const at::Scalar& one_alpha, Coefficients& c) {
-  if (!hasAvx2() || self.scalar_type() != at::kFloat || !self.is_contiguous() ||
+  if (!float_vectors::hasAvx2() || self.scalar_type() != at::kFloat || !self.is_contiguous() ||
       exponent.isComplex() || !isOne(alpha) || !isOne(one_alpha)) {
     return false;
   }
@@ -108,11 +85,7 @@ bool fastPath(const at::Tensor& self, const at::Tensor& half, const at::Scalar& 
 }
 
 void run(const at::Tensor& self, at::Tensor& out, const Coefficients& c) {
-  const float* in = self.const_data_ptr<float>();
-  float* result = out.mutable_data_ptr<float>();
-  at::parallel_for(0, self.numel(), kGrain, [&](int64_t begin, int64_t end) {
-    geluRange(in + begin, result + begin, end - begin, c);
-  });
+  float_vectors::map(self.const_data_ptr<float>(), out.mutable_data_ptr<float>(), self.numel(), c);
 }
 
 at::Tensor& tanhGeluOut(const at::Tensor& self, const at::Tensor& half, const at::Scalar& exponent,
@@ -122,12 +95,7 @@ at::Tensor& tanhGeluOut(const at::Tensor& self, const at::Tensor& half, const at
   if (fastPath(self, half, exponent, kappa, alpha, beta, one, one_alpha, c) &&
       out.scalar_type() == at::kFloat) {
     at::native::resize_output(out, self.sizes());
-    // Element i is read before it is written: in place is fine, a partial
-    // overlap is not.
-    const auto* a = static_cast<const char*>(self.const_data_ptr());
-    const auto* b = static_cast<const char*>(out.const_data_ptr());
-    const auto bytes = static_cast<std::ptrdiff_t>(self.nbytes());
-    if (out.is_contiguous() && (a == b || a + bytes <= b || b + bytes <= a)) {
+    if (out.is_contiguous() && float_vectors::sameOrDisjoint(self, out)) {
       run(self, out, c);
       return out;
     }

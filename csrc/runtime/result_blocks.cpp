@@ -14,10 +14,13 @@ namespace {
 
 thread_local int scope_depth = 0;
 
-// Blocks it hands out are c10::alloc_cpu's, so whoever frees one with the
-// default CPU allocator's deleter instead of recycle() (oneDNN's ideep took
-// that deleter when PyTorch started) frees it correctly; its entry in sizes_
-// is then stale, and overwritten if the address comes back.
+// Every block goes back through recycle(): tensors carry it as their deleter,
+// and oneDNN's ideep, which allocates its scratch memory outside tensors,
+// allocates and frees through c10::GetAllocator(kCPU)->raw_allocate() and
+// raw_deallocate() at each call (PyTorch's IDeepRegistration.cpp), that is
+// through this allocator once installed. So a block ideep took before
+// install() comes to recycle() too; it is not in sizes_ and goes to the
+// allocator it came from.
 class RecyclingAllocator final : public c10::Allocator {
  public:
   explicit RecyclingAllocator(c10::Allocator* next) : next_(next) {}
