@@ -1,5 +1,5 @@
 """poptorch::tanh (csrc/kernels/tanh.cpp), which compiled programs run for
-float32 aten::tanh (passes::useFastTanh): SLEEF's vectorised 3.5-ulp tanhf. Its
+float32 aten::tanh (passes::useOwnKernels): SLEEF's vectorised 3.5-ulp tanhf. Its
 values against the CPU's within float32's tolerance, exact at the special
 values, for every layout and length (the tail of a length that is no multiple
 of eight goes through the vector path too); other dtypes and layouts run the

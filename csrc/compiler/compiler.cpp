@@ -80,7 +80,7 @@ std::shared_ptr<const Executable> compile(const ir::Graph& graph, uint64_t key) 
   exe->key = key;
   // Ordered by pipeline stage before memory is planned: a pipeline runs each
   // stage's nodes as one range, and temporaries are planned in that order.
-  exe->program = orderByPipelineStage(passes::useFastTanh(
+  exe->program = orderByPipelineStage(passes::useOwnKernels(
       passes::useCounterBasedRandomFills(passes::planLayouts(passes::forwardCopies(
           passes::fuseTanhGelu(passes::fuseMatmulActivations(passes::fuseMatmulBias(
               passes::eliminateCommonSubexpressions(passes::eliminateDeadCode(graph))))))))));

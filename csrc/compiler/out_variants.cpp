@@ -25,7 +25,9 @@ const absl::flat_hash_map<std::string, std::string>& structuredOutOverloads() {
 // poptorch's own ops -> out= overload, whose out= kernel behaves as a structured one's.
 const absl::flat_hash_map<std::string, std::string>& ownOutOverloads() {
   static const absl::flat_hash_map<std::string, std::string> table = {
-      {"poptorch::tanh", "out"}, {"poptorch::tanh_gelu", "out"}};
+      {"poptorch::tanh", "out"},
+      {"poptorch::tanh_gelu", "out"},
+      {"poptorch::max_pool2d_with_indices_backward", "grad_input"}};
   return table;
 }
 

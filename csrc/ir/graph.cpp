@@ -100,7 +100,12 @@ bool Node::hasHostEffects() const {
   const std::string& qualified = op.operator_name().name;
   // poptorch's fused kernels (csrc/kernels) compute on their arguments only.
   static constexpr std::string_view kFusedKernels[] = {
-      "poptorch::sgd_momentum_", "poptorch::bernoulli_", "poptorch::tanh", "poptorch::tanh_gelu"};
+      "poptorch::sgd_momentum_",
+      "poptorch::bernoulli_",
+      "poptorch::tanh",
+      "poptorch::tanh_gelu",
+      "poptorch::max_pool2d_with_indices",
+      "poptorch::max_pool2d_with_indices_backward"};
   if (std::find(std::begin(kFusedKernels), std::end(kFusedKernels), qualified) !=
       std::end(kFusedKernels)) {
     return false;

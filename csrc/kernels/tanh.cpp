@@ -9,7 +9,7 @@
 // a tenth of an inference step in it. SLEEF's 3.5-ulp tanhf (the library
 // PyTorch itself uses for vectorised tanh) runs it in ~1.1 ns. Results are
 // within float32's tolerance of the CPU's (torch.testing.assert_close), not
-// bit-identical; passes::useFastTanh puts this op in place of aten::tanh.
+// bit-identical; passes::useOwnKernels puts this op in place of aten::tanh.
 //
 // Other dtypes, machines without AVX2 and layouts other than one dense block
 // shared by input and output run PyTorch's own tanh.

@@ -48,7 +48,7 @@ struct Coefficients {
 };
 
 // The chain, op by op, as the unfused program runs it (with poptorch::tanh,
-// which passes::useFastTanh puts in place of a float32 aten::tanh).
+// which passes::useOwnKernels puts in place of a float32 aten::tanh).
 at::Tensor chain(const at::Tensor& self, const at::Tensor& half, const at::Scalar& exponent,
                  const at::Tensor& kappa, const at::Scalar& alpha, const at::Tensor& beta,
                  const at::Tensor& one, const at::Scalar& one_alpha) {

@@ -61,10 +61,15 @@ ir::Graph planLayouts(ir::Graph graph);
 // its own (docs/user_guide.md, "Random numbers").
 ir::Graph useCounterBasedRandomFills(ir::Graph graph);
 
-// Runs float32 aten::tanh as poptorch::tanh (csrc/kernels/tanh.cpp): SLEEF's
-// vectorised 3.5-ulp tanhf instead of the CPU's MKL vsTanh, which runs a slow
-// generic path on AMD CPUs. Values within float32's tolerance of the CPU's,
-// not bit-identical.
-ir::Graph useFastTanh(ir::Graph graph);
+// Runs float32 ops that poptorch has a kernel of its own for (csrc/kernels,
+// the same arguments and results) with that kernel:
+// - aten::tanh as poptorch::tanh: SLEEF's vectorised 3.5-ulp tanhf instead of
+//   the CPU's MKL vsTanh, which runs a slow generic path on AMD CPUs. Values
+//   within float32's tolerance of the CPU's, not bit-identical.
+// - aten::max_pool2d_with_indices and its backward as poptorch's: 2x2 windows
+//   with stride 2 over NCHW tensors vectorised, where the CPU's NCHW kernel is
+//   a scalar loop. Values and indices bit for bit the CPU's; other poolings
+//   run the CPU's kernels.
+ir::Graph useOwnKernels(ir::Graph graph);
 
 }  // namespace poptorch::passes
