@@ -12,7 +12,8 @@ import torch
 
 from . import _C
 from . import _ops
-from . import _cpu_defaults, _device_module, _dynamo_backend, _fake_cpu, _meta_warnings
+from . import (_cpu_defaults, _device_module, _dynamo_backend, _dynamo_disable, _fake_cpu,
+               _meta_warnings)
 from . import _profiling
 from . import _grad_scaler
 from . import _dlpack, _nested, _recompute, _serialization
@@ -51,7 +52,9 @@ _recompute.install()
 _storages.install()
 _grad_scaler.install()
 _dynamo_backend.install()
-_C.set_fake_cpu_inference(_fake_cpu.python_meta_ops(), _fake_cpu.fake, _fake_cpu.run)
+_dynamo_disable.install()
+_C.set_fake_cpu_inference(_fake_cpu.device_dependent_ops(), _fake_cpu.fake, _fake_cpu.run)
+_C.set_before_first_inference(_fake_cpu.before_first_inference)
 _meta_warnings.install()
 _cpu_defaults.adopt()
 

@@ -53,9 +53,9 @@ def test_an_ordinary_meta_error_still_runs_the_op_on_the_host():
     assert poptorch.metrics()["fallback_ops"] == {"poptorch_robustness::cannot_infer": 1}
 
 
-# The first op whose Meta kernel is Python imports torch._dynamo and sympy through
-# FakeTensorMode; a Ctrl-C arrives when sympy.core is imported and sympy.polys not
-# yet (interrupted there, sympy stayed half-imported: no attribute "core").
+# The first shape inference imports sympy (PyTorch's Python Meta kernels use it); a
+# Ctrl-C arrives when sympy.core is imported and sympy.polys not yet (interrupted
+# there, sympy stayed half-imported: no attribute "core").
 INTERRUPTED_IMPORT = """
 import importlib.abc, os, signal, sys, torch, poptorch
 assert "sympy" not in sys.modules

@@ -4,7 +4,9 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/native/ConvUtils.h>
 #include <c10/core/MemoryFormat.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/util/accumulate.h>
 
 #include <string>
@@ -65,6 +67,88 @@ Layout contiguousLayout(c10::ScalarType dtype, c10::IntArrayRef sizes) {
   return layout;
 }
 
+// A CPU tensor with `t`'s metadata and no data, for PyTorch's functions that
+// decide by metadata and device alone.
+at::Tensor dataless(const at::Tensor& t) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0,
+                       c10::DataPtr(nullptr, c10::Device(c10::kCPU)), nullptr, false);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
+c10::SymIntArrayRef symInts(const std::vector<int64_t>& values) {
+  return c10::fromIntArrayRefSlow(values);
+}
+
+// The memory format the CPU gives convolution's result, and the input and
+// weight gradients of its backward: its backend's for these arguments (oneDNN
+// keeps channels-last, the other CPU backends mostly not), decided as
+// FakeTensor decides it for CPU tensors (torch/_subclasses/fake_impls.py:
+// conv). The Meta kernel cannot: it leaves every result contiguous. `first` is
+// the index of the input among the arguments, followed by the weight and the
+// bias (convolution) or the bias sizes (convolution_backward), then stride,
+// padding, dilation, transposed, output padding and groups.
+c10::MemoryFormat convolutionFormat(c10::ArrayRef<c10::IValue> arguments, size_t first,
+                                    bool backward) {
+  const at::Tensor weight = dataless(arguments[first + 1].toTensor());
+  // PyTorch runs a 1-D convolution as a 2-D one with a unit height, on its
+  // input made contiguous (select_conv_backend copies it): the copy, as these
+  // tensors have no data to copy.
+  const at::Tensor& ipu_input = arguments[first].toTensor();
+  const at::Tensor input = dataless(
+      weight.dim() == 3 ? at::empty(ipu_input.sizes(), ipu_input.options().device(c10::kMeta))
+                        : ipu_input);
+  const c10::IValue& third = arguments[first + 2];
+  std::optional<at::Tensor> bias;
+  std::optional<std::vector<int64_t>> bias_sizes;
+  if (!backward && third.isTensor() && third.toTensor().defined()) {
+    bias = dataless(third.toTensor());
+  } else if (backward && third.isIntList()) {
+    bias_sizes = third.toIntVector();
+  }
+  const std::vector<int64_t> stride = arguments[first + 3].toIntVector();
+  const std::vector<int64_t> padding = arguments[first + 4].toIntVector();
+  const std::vector<int64_t> dilation = arguments[first + 5].toIntVector();
+  const std::vector<int64_t> output_padding = arguments[first + 7].toIntVector();
+  const at::native::ConvBackend backend = at::native::select_conv_backend(
+      input, weight, bias, symInts(stride), symInts(padding), symInts(dilation),
+      arguments[first + 6].toBool(), symInts(output_padding), arguments[first + 8].toInt(),
+      bias_sizes ? at::OptionalSymIntArrayRef(symInts(*bias_sizes)) : at::OptionalSymIntArrayRef());
+  if (weight.dim() != 3) {
+    return at::native::_determine_backend_memory_format(input, weight, backend);
+  }
+  return at::native::_determine_backend_memory_format(input.unsqueeze(2), weight.unsqueeze(2),
+                                                      backend);
+}
+
+// `layout` as the result of `.to(memory_format=format)` (a 1-D convolution's
+// three-dimensional results through a unit height) leaves it.
+void toFormat(Layout& layout, c10::MemoryFormat format) {
+  if (!layout.defined) return;
+  at::Tensor t = at::empty_strided(layout.sizes, layout.strides,
+                                   at::TensorOptions().dtype(layout.dtype).device(c10::kMeta));
+  auto to = [format](const at::Tensor& x) { return x.to(x.options(), false, false, format); };
+  t = t.dim() == 3 && format == c10::MemoryFormat::ChannelsLast ? to(t.unsqueeze(2)).squeeze(2)
+                                                                : to(t);
+  layout.strides.assign(t.strides().begin(), t.strides().end());
+}
+
+// Convolution's results in the CPU's memory format (convolutionFormat).
+void correctConvolution(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                        MetaResult& result) {
+  const bool backward = op.operator_name().name == "aten::convolution_backward";
+  c10::MemoryFormat format;
+  try {
+    format = convolutionFormat(arguments, backward ? 1 : 0, backward);
+  } catch (const c10::Error&) {
+    return;  // arguments the CPU refuses: its run at the call raises the error
+  }
+  toFormat(result.returns[0].tensors[0], format);
+  if (backward) toFormat(result.returns[1].tensors[0], format);
+}
+
 }  // namespace
 
 // Where PyTorch's Meta kernel (2.13) disagrees with its CPU kernel, even on
@@ -84,15 +168,29 @@ void correctForCpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arg
       returned = layoutOf(arguments[i].toTensor(), returned.storage);
     }
   }
+  if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit") &&
+      op.operator_name().overload_name.empty() && !arguments[5].toBool()) {
+    // (input, weight, bias, running_mean, running_var, training, ...). Out of
+    // training, the CPU's saved statistics have no elements; the Meta kernel
+    // (a decomposition that asks for the device) gives CUDA's.
+    for (size_t i : {size_t{1}, size_t{2}}) {
+      Layout& saved = result.returns[i].tensors[0];
+      saved = contiguousLayout(saved.dtype, {0});
+    }
+  }
+  if (name == "aten::convolution" || name == "aten::convolution_backward") {
+    correctConvolution(op, arguments, result);
+  }
   if ((name == "aten::native_batch_norm" || name == "aten::_native_batch_norm_legit" ||
-       name == "aten::_native_batch_norm_legit_no_training") &&
+       name == "aten::_native_batch_norm_legit_no_training" ||
+       name == "aten::_batch_norm_with_update" || name == "aten::native_layer_norm") &&
       (arguments[0].toTensor().scalar_type() == at::kHalf ||
        arguments[0].toTensor().scalar_type() == at::kBFloat16)) {
-    // Batch norm's saved mean and inverse std are float32 for a float16/bfloat16
-    // input on CUDA (and Meta), but the CPU keeps the input's dtype unless a
-    // parameter is float32 (its mixed-type kernel), and its backward refuses
-    // saved statistics of another dtype. FakeTensor on the CPU device does not
-    // know the mixed-type kernel either.
+    // Batch and layer norm's saved statistics (returns 1 and 2) are float32 for
+    // a float16/bfloat16 input on CUDA (and Meta), but the CPU keeps the
+    // input's dtype unless a parameter is float32 (its mixed-type kernel), and
+    // its backward refuses saved statistics of another dtype. FakeTensor on
+    // the CPU device does not know the mixed-type kernel either.
     const at::ScalarType input = arguments[0].toTensor().scalar_type();
     at::ScalarType statistics = input;
     for (const c10::IValue& parameter : arguments.slice(1)) {
@@ -101,7 +199,7 @@ void correctForCpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arg
         statistics = at::kFloat;  // the mixed-type kernel: float32 statistics
       }
     }
-    for (size_t i = 1; i < result.returns.size(); ++i) {
+    for (size_t i = 1; i < result.returns.size() && i < 3; ++i) {
       for (Layout& layout : result.returns[i].tensors) layout.dtype = statistics;
     }
   } else if (name == "aten::native_batch_norm_backward") {

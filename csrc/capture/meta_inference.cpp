@@ -64,6 +64,9 @@ class MetaTwins {
   explicit MetaTwins(bool twin_host_scalars) : twin_host_scalars_(twin_host_scalars) {}
 
   c10::IValue convert(const c10::IValue& value) {
+    // A factory's device: its meta twin makes meta tensors (as FakeTensor's
+    // rule for constructors does), not ipu tensors while inferring shapes.
+    if (value.isDevice() && value.toDevice().is_ipu()) return c10::Device(c10::kMeta);
     return mapTensors(value, [this](const at::Tensor& t) {
       return twin_host_scalars_ && isHostScalar(t) ? hostScalarTwin(t) : twin(t);
     });
@@ -463,6 +466,32 @@ void setFakeCpuInference(const std::vector<std::string>& op_names, FakeCpuRunner
   FakeCpuInference::get().set(op_names, std::move(runner));
 }
 
+namespace {
+
+std::mutex before_first_inference_mutex;
+std::function<void()> before_first_inference;
+std::atomic<bool> inferred_before{false};
+
+// Runs the setBeforeFirstInference() function the first time a Meta kernel is
+// about to run.
+void prepareFirstInference() {
+  if (inferred_before.load(std::memory_order_acquire)) return;
+  std::function<void()> prepare;
+  {
+    std::lock_guard<std::mutex> lock(before_first_inference_mutex);
+    if (inferred_before.exchange(true)) return;
+    prepare = std::move(before_first_inference);
+  }
+  if (prepare) prepare();
+}
+
+}  // namespace
+
+void setBeforeFirstInference(std::function<void()> prepare) {
+  std::lock_guard<std::mutex> lock(before_first_inference_mutex);
+  before_first_inference = std::move(prepare);
+}
+
 std::shared_ptr<const MetaResult> inferMeta(const c10::OperatorHandle& op,
                                             c10::ArrayRef<c10::IValue> arguments) {
   thread_local std::vector<int64_t> lookup_key;
@@ -476,6 +505,7 @@ std::shared_ptr<const MetaResult> inferMeta(const c10::OperatorHandle& op,
   }
   // A miss: the Meta kernel (Python, perhaps) runs before the key is stored.
   std::vector<int64_t> key = lookup_key;
+  prepareFirstInference();
   const bool keyed = cacheable;
   std::optional<MetaResult> result = runMetaKernel(op, arguments, &cacheable);
   if (!result) return nullptr;

@@ -75,11 +75,18 @@ Layout layoutOf(const at::Tensor& t, int32_t storage = -1);
 using FakeCpuRunner = std::function<void(const c10::OperatorHandle& op,
                                          torch::jit::Stack* arguments, torch::jit::Stack* returns)>;
 
-// A Meta kernel written in Python may decide a result's layout by the device,
-// and on a meta tensor (no device) it answers for CUDA; the ipu runs the CPU's
-// kernels. So the results of these ops (`op_names`, "aten::add.out") are
-// inferred with `runner` instead. Installed by the Python module.
+// A few Meta kernels written in Python decide a result's shape or layout by
+// the device, and on a meta tensor (no device) they answer for CUDA; the ipu
+// runs the CPU's kernels. So the results of these ops (`op_names`,
+// "aten::histc.out") are inferred with `runner` instead; every other op's Meta
+// kernel runs on meta twins directly. Installed by the Python module.
 void setFakeCpuInference(const std::vector<std::string>& op_names, FakeCpuRunner runner);
+
+// Called once, before the first Meta kernel runs: PyTorch's Python Meta
+// kernels import modules at their first run that take seconds (sympy), which
+// the Python module imports so that a Ctrl-C waits for the import's end.
+// What it throws reaches the caller of that first inference.
+void setBeforeFirstInference(std::function<void()> prepare);
 
 // The results `op` would give for `arguments` (shared with the cache), or null
 // when its Meta kernel cannot tell (it raised, e.g. for a data-dependent

@@ -111,6 +111,16 @@ void bindShapeInference(py::module& m) {
       },
       "Ops (\"aten::add.out\") whose results capture infers on fake CPU tensors, with "
       "poptorch._fake_cpu's fake() and run().");
+  m.def(
+      "set_before_first_inference",
+      [](py::handle prepare) {
+        // The module's function, which lives as long as the module does.
+        capture::setBeforeFirstInference([prepare] {
+          py::gil_scoped_acquire gil;
+          prepare();
+        });
+      },
+      "A function capture calls before it first infers shapes.");
 }
 
 }  // namespace poptorch::python
