@@ -159,6 +159,19 @@ def test_kaiser_window_is_the_cpus(args, dtype):
     assert_same(torch.kaiser_window(*args, dtype=dtype), window, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.float32, torch.int32])
+def test_conj_physical_in_place_is_the_cpus(dtype):
+    """Its generic kernel calls the CPU's out= kernel directly, which picks a per-device-type
+    kernel the ipu has none of: complex tensors raised 'DispatchStub: unsupported device type'
+    (PyTorch's test_variant_consistency_eager)."""
+    x = (torch.randn(2, 5, dtype=torch.complex64) * 4).to(dtype)
+    on_cpu, on_ipu = x.clone(), x.to("ipu")
+    view = on_ipu[:, 1:4]  # in place through a view writes the base's storage
+    assert view.conj_physical_() is view
+    on_cpu[:, 1:4].conj_physical_()
+    assert_same(on_cpu, on_ipu, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("variant", ["functional", "out", "inplace"])
 def test_ldexp_of_integer_exponents_is_the_cpus(dtype, variant):

@@ -515,7 +515,9 @@ TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("_to_copy", TORCH_FN(toCopy)); }
 // devices would get the math version on the ipu, which computes differently
 // from the CPU and captures as several nodes. Capture them as they are
 // instead; likewise convolution, whose generic kernel dispatches by device,
-// mode, whose generic kernel refuses devices other than CPU, CUDA and XPU, and
+// mode, whose generic kernel refuses devices other than CPU, CUDA and XPU,
+// conj_physical_, whose generic kernel calls the CPU's out= kernel directly
+// (a per-device-type kernel: "DispatchStub: unsupported device type ipu"), and
 // ldexp, whose generic kernel (its only one) calls a per-device-type kernel
 // (std::ldexp) for the CPU and CUDA and else multiplies by 2 ** other computed
 // in the input's dtype: a float16 input underflowed or overflowed where the
@@ -523,7 +525,8 @@ TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("_to_copy", TORCH_FN(toCopy)); }
 namespace {
 bool genericKernelDispatchesByDevice(const c10::OperatorName& name) {
   if (name.name == "aten::convolution" || name.name == "aten::convolution_backward" ||
-      name.name == "aten::ldexp" || name.name == "aten::ldexp_") {
+      name.name == "aten::ldexp" || name.name == "aten::ldexp_" ||
+      name.name == "aten::conj_physical_") {
     return true;
   }
   return name.name == "aten::mode" &&
