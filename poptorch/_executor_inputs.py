@@ -17,6 +17,14 @@ from ._input_groups import expand_input_groups, group_rows
 from ._logging import logger
 
 
+
+def _describe(value: Any) -> str:
+    """A value for an error message: a tensor by its shape and dtype, not its elements."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)} and dtype {value.dtype}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
 class ExecutorInputs:
     """Methods of PoplarExecutor (which provides ``_model``, ``_options``,
     ``_training``, ``_accumulation``, ``_micro_batches``, ``_spec``,
@@ -83,8 +91,10 @@ class ExecutorInputs:
                   "(use drop_last=True in the DataLoader, or call destroy() to compile again)")
         if shape is None:
             if isinstance(leaf, torch.Tensor) or leaf != value:
-                raise Error(f"Value mismatch for {name}: expected {value!r} but got "
-                            f"{leaf!r}: only tensor inputs may change between calls")
+                raise Error(f"Value mismatch for {name}: expected {_describe(value)} but got "
+                            f"{_describe(leaf)}: the model was compiled with this input fixed; "
+                            "only tensor inputs may change between calls (call destroy() to "
+                            "compile again)")
         elif not isinstance(leaf, torch.Tensor):
             raise Error(f"Type mismatch for {name}: expected Tensor but got "
                         f"{type(leaf).__name__}: {static}")

@@ -132,6 +132,10 @@ def test_what_changed_is_named(model):
         ((2, b, c), {"t": t, "z": z},
          "Number of positional arguments mismatch: expected 4 arguments but got 3"),
         ((3, b, c, d), {"t": t, "z": z}, rf"Value mismatch for {a}: expected 2 but got 3"),
+        # a tensor where a fixed value was compiled: named by shape and dtype, not printed
+        ((b, b, c, d), {"t": t, "z": z},
+         rf"Value mismatch for {a}: expected 2 but got a tensor of shape \[.*\] and dtype "
+         r"torch.float32: .*call destroy\(\)"),
         ((2, b, c, d), {"t": t, "z": z.half()},
          "Dtype mismatch for z: expected torch.float32 but got torch.float16"),
         ((2, b, c, d[:1]), {"t": t, "z": z},
