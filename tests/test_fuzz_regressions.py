@@ -199,6 +199,17 @@ def test_every_known_issue_has_its_expected_failure():
             f"{issue.test} is not marked known_issue({name!r})"
 
 
+@known_issue("dtype_error_after_index_work")
+def test_scatter_reduce_mean_of_bools_raises_at_the_call():
+    # CI's fuzzer slice (scatter_ choices 16715203): the CPU raises at the call
+    for dev in DEVICES:
+        t = torch.zeros(3, 1, dtype=torch.bool, device=dev)
+        index = torch.tensor([[0], [0]], device=dev)
+        with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
+            t.scatter_reduce_(1, index, torch.ones(2, 1, dtype=torch.bool, device=dev), "mean",
+                              include_self=False)
+
+
 def test_index_add_of_an_empty_source_adds_nothing():
     # index_add's C++ meta function checks dtypes with source.select(dim, 0) on meta tensors
     for dev in DEVICES:
