@@ -1228,8 +1228,12 @@ def _host_read(c: Chooser) -> Line:
         element = f"{x}[{index}]" if index else x
         return c.line("host_read:item", f"{c.new_scalar} = {element}.item()",
                       scalar=c.new_scalar, host_read=True, read_dtype=t.dtype)
+    # numpy() refuses a conjugate or negative bit. On the CPU run .cpu() is the identity and
+    # keeps the bit; every other device's copy to the host resolves it (CUDA's too), so the
+    # read resolves it first, as users must.
     code = {"cpu": f"{x}.cpu()", "tolist": f"{x}.tolist()", "repr": f"repr({x})",
-            "numpy": f"{x}.detach().cpu().numpy()", "to_cpu": f"{x}.to('cpu')"}[kind]
+            "numpy": f"{x}.detach().cpu().resolve_conj().resolve_neg().numpy()",
+            "to_cpu": f"{x}.to('cpu')"}[kind]
     return c.line(f"host_read:{kind}", f"_read = {code}", host_read=True, read_dtype=t.dtype)
 
 
