@@ -7,7 +7,10 @@ wrapping, or steps taken on the CPU), and the host optimiser's ``state`` then
 *aliases* the device state, as the host model's weights alias the device
 weights: ``optimizer.state_dict()`` is the device's current state, in torch's
 layout, and resumes on the CPU. ``load_state_dict`` while wrapped writes the
-loaded state (and hyper-parameters) to the device.
+loaded state (and hyper-parameters) to the device. The combined SGD variant
+holds its velocity times its velocity scaling on the device (and in the host
+aliases, ``optimizer.state``): its state dict divides it back, so that a
+checkpoint holds torch.optim.SGD's momentum buffers, and loading multiplies.
 """
 from __future__ import annotations
 
@@ -304,13 +307,40 @@ class DeviceOptimizer:
                 self._ignored_change_reported = True
                 logger.warning(popoptim.VELOCITY_SCALING_IGNORED)
 
-    def _host_parameters(self, optimizer: torch.optim.Optimizer) -> List[Tuple[Any, Dict]]:
-        """(host parameter, its device state) for every parameter on the device."""
-        devices = [(host, self._device_params.get(id(host)))
-                   for group in optimizer.param_groups for host in group["params"]]
+    def _host_parameters(self, optimizer: torch.optim.Optimizer
+                         ) -> List[Tuple[Any, Dict[str, torch.Tensor], float]]:
+        """(host parameter, its device state, its velocity scaling) for every
+        parameter on the device."""
+        devices = [(host, self._device_params.get(id(host)), self._velocity_scaling(index))
+                   for index, group in enumerate(optimizer.param_groups)
+                   for host in group["params"]]
         # A parameter given to the optimiser after compiling (add_param_group) has none.
-        return [(host, self.state[id(device)]) for host, device in devices
+        return [(host, self.state[id(device)], scaling) for host, device, scaling in devices
                 if device is not None and id(device) in self.state]
+
+    def _velocity_scaling(self, group_index: int) -> float:
+        """How many times torch's momentum buffer the device holds for param
+        group ``group_index``: the combined SGD variant's velocity scaling
+        (1 otherwise, or for a group the device has not)."""
+        if self.algorithm != "sgd" or group_index >= len(self.groups):
+            return 1.0
+        return float(self.groups[group_index][1].get("velocity_scaling", 1.0))
+
+    def torch_layout(self, state: Dict[Any, Dict[str, Any]]) -> Dict[Any, Dict[str, Any]]:
+        """``state`` (a state dict's, by parameter index) with torch's momentum
+        buffers, so that a checkpoint loads into torch.optim.SGD: the device
+        holds the combined variant's velocity times its velocity scaling."""
+        index = 0
+        for group_index, group in enumerate(self.optimizer.param_groups):
+            scaling = self._velocity_scaling(group_index)
+            for _ in group["params"]:
+                saved = state.get(index)
+                if scaling != 1 and saved and "momentum_buffer" in saved:
+                    # A new dict: the state dict's are the optimiser's own.
+                    state[index] = {**saved,
+                                    "momentum_buffer": saved["momentum_buffer"] / scaling}
+                index += 1
+        return state
 
     def _attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Starts from ``optimizer``'s state (when it has one), then makes it
@@ -339,14 +369,17 @@ class DeviceOptimizer:
         # model finds its executable).
         _C.synchronize()
         with torch.no_grad():
-            for index, (host, device_state) in enumerate(self._host_parameters(optimizer)):
+            for index, (host, device_state, scaling) in enumerate(
+                    self._host_parameters(optimizer)):
                 saved = optimizer.state.get(host)
                 if saved:
                     for name, value in rules.state_from_torch(
                             self.algorithm, saved, device_state, index).items():
+                        if name == "momentum_buffer":
+                            value = value * scaling
                         device_state[name].copy_(value)
         _C.synchronize()
-        for host, device_state in self._host_parameters(optimizer):
+        for host, device_state, _ in self._host_parameters(optimizer):
             optimizer.state[host] = {name: _C.host_alias(t) for name, t in device_state.items()}
 
     def _reload(self, optimizer: torch.optim.Optimizer) -> None:
@@ -393,10 +426,12 @@ class DeviceOptimizer:
             handle.remove()
         self._hooks = []
         optimizer = self.optimizer
-        for host, _ in self._host_parameters(optimizer):
+        for host, _, scaling in self._host_parameters(optimizer):
             state = optimizer.state.pop(host, {})
             if state and not rules.is_unstarted(state):
-                optimizer.state[host] = {name: t.clone() for name, t in state.items()}
+                optimizer.state[host] = {
+                    name: t / scaling if name == "momentum_buffer" and scaling != 1 else t.clone()
+                    for name, t in state.items()}
         del _OWNERS[optimizer]
 
 
@@ -418,12 +453,15 @@ def _synchronize(optimizer: torch.optim.Optimizer) -> None:
 def _device_state_dict(optimizer: torch.optim.Optimizer,
                        state_dict: Dict[str, Any]) -> Dict[str, Any]:
     """Parameters the device never updated have no state, as in torch (an SGD
-    momentum buffer of zeros would otherwise count as started on the CPU); a
-    poptorch.optim optimiser also gets PopTorch's ``ipu_state`` and ``ipu_param``."""
+    momentum buffer of zeros would otherwise count as started on the CPU), and
+    momentum buffers are torch's (``torch_layout``); a poptorch.optim optimiser
+    also gets PopTorch's ``ipu_state`` and ``ipu_param`` (the device's own tensors)."""
     state_dict["state"] = {index: state for index, state in state_dict["state"].items()
                            if not rules.is_unstarted(state)}
     owner = _OWNERS.get(optimizer)
     device = owner() if owner is not None else None
+    if device is not None:
+        state_dict["state"] = device.torch_layout(state_dict["state"])
     if isinstance(optimizer, popoptim.Optimizer) and device is not None and not device.offline:
         state_dict["ipu_state"], state_dict["ipu_param"] = device.ipu_state()
     return state_dict

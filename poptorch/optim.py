@@ -150,7 +150,11 @@ class Optimizer:
 
     def _step_with_the_rule(self) -> None:
         algorithm = rules.algorithm_of(self)  # type: ignore[arg-type]
-        groups = [(group["params"], rules.group_hyperparameters(algorithm, group, self))
+        # The host's state is torch's (the velocity itself, as a checkpoint
+        # holds it): velocity scaling is a representation of the device's.
+        groups = [(group["params"], {name: value for name, value in
+                                     rules.group_hyperparameters(algorithm, group, self).items()
+                                     if name != "velocity_scaling"})
                   for group in self.param_groups]  # type: ignore[attr-defined]
         grads: Dict[int, torch.Tensor] = {}
         states: Dict[int, Dict[str, torch.Tensor]] = {}
@@ -181,7 +185,8 @@ class Optimizer:
 
 class SGD(Optimizer, torch.optim.SGD):
     """``torch.optim.SGD`` with ``loss_scaling``, ``velocity_scaling`` (the
-    velocity is held scaled), ``use_combined_accum``, ``accum_type`` (of the
+    combined variant holds its velocity scaled on the IPU; its state dict and
+    its steps on the CPU hold torch's), ``use_combined_accum``, ``accum_type`` (of the
     gradient accumulators), ``velocity_accum_type`` (of the velocity) and
     ``max_grad_norm`` (global gradient clipping)."""
 

@@ -344,6 +344,13 @@ OPTIMISERS = {
     "poptorch.AdamW": lambda p: poptorch.optim.AdamW(p, lr=0.01, weight_decay=0.05),
     "poptorch.RMSprop": lambda p: poptorch.optim.RMSprop(p, lr=0.01, alpha=0.9),
     "poptorch.LAMB": lambda p: poptorch.optim.LAMB(p, lr=0.01),
+    # The device holds the combined variant's velocity times velocity_scaling.
+    "poptorch.SGD-combined": lambda p: poptorch.optim.SGD(
+        p, lr=0.05, momentum=0.9, use_combined_accum=True, velocity_scaling=8.0),
+    # Its step on the CPU follows PopTorch's rule (clipping), not torch's.
+    "poptorch.SGD-combined-clipped": lambda p: poptorch.optim.SGD(
+        p, lr=0.05, momentum=0.9, use_combined_accum=True, velocity_scaling=8.0,
+        max_grad_norm=0.5),
 }
 STEPS_BEFORE, STEPS_AFTER = 3, 3
 
@@ -464,6 +471,44 @@ def test_the_optimizer_state_dict_follows_the_device_like_the_cpu():
     # Like torch's, the state dict holds the live state: the next step changes it.
     ipu_steps(training, AFTER)
     assert float(state["state"][0]["step"]) == STEPS_BEFORE + STEPS_AFTER
+
+
+def momentum_buffers(optimizer):
+    return [entry["momentum_buffer"] for _, entry in
+            sorted(optimizer.state_dict()["state"].items())]
+
+
+@pytest.mark.parametrize("trained_on", ["ipu", "cpu"])
+def test_a_combined_sgd_state_dict_holds_torch_sgds_momentum(trained_on):
+    """Its velocity scaling (changed half-way: the device rescales its
+    velocity) is the device's affair: the state dict holds torch.optim.SGD's
+    momentum buffers, and torch.optim.SGD resumes from it. They were scaled."""
+    name = "poptorch.SGD-combined"
+    model, optimizer = fresh(name, seed=0)
+    torch.manual_seed(0)
+    reference_model = Classifier()
+    reference = torch.optim.SGD(reference_model.parameters(), lr=0.05, momentum=0.9)
+    training = poptorch.trainingModel(model, one_update_per_call(), optimizer) \
+        if trained_on == "ipu" else None
+    for step in BEFORE:
+        if step == 1:
+            optimizer.param_groups[0]["velocity_scaling"] = 2.0
+        if training is not None:
+            ipu_steps(training, [step])
+        else:
+            cpu_steps(model, optimizer, [step])
+        cpu_steps(reference_model, reference, [step])
+    for ours, theirs in zip(momentum_buffers(optimizer), momentum_buffers(reference)):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
+    if training is not None:  # PopTorch's ipu_state is the device's own tensor
+        torch.testing.assert_close(optimizer.state_dict()["ipu_state"]["momentum_buffer___0"],
+                                   2.0 * momentum_buffers(reference)[0], rtol=1e-5, atol=1e-7)
+    resumed_model, _ = fresh("torch.SGD", seed=1)
+    resumed_model.load_state_dict(model.state_dict())
+    resumed = torch.optim.SGD(resumed_model.parameters(), lr=0.05, momentum=0.9)
+    resumed.load_state_dict(checkpoint(model, optimizer)["optimizer"])
+    torch.testing.assert_close(cpu_steps(resumed_model, resumed, AFTER),
+                               cpu_steps(reference_model, reference, AFTER), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["torch.SGD", "torch.Adam"])
