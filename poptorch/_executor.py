@@ -124,6 +124,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         self._compiled = False
         self._modes: List[Tuple[torch.nn.Module, bool]] = []  # set by each compilation
         self._default_dtype = torch.get_default_dtype()  # the one of the last capture
+        self._deterministic = _deterministic_setting()  # the one of the last capture
         self._attached = False
         self._destroyed = False
         self._lock = threading.RLock()
@@ -162,6 +163,13 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
             self._check_inputs(leaves, spec)
             if self._compiled_with is not None:
                 self._compiled_with.check()
+            if self._attached and self._deterministic != _deterministic_setting():
+                # CPU kernels read it at each call (put_ refuses under it,
+                # index_put_ keeps the order of repeated indices): the step is
+                # captured again under the call's, as torch.compile guards it.
+                logger.info("torch.use_deterministic_algorithms changed since the model was "
+                            "compiled: capturing the step again under the new setting")
+                self._release_device()
             if not self._attached:
                 logger.info("attaching the model to the IPU again")
                 self.attachToDevice()
@@ -430,6 +438,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         example micro-batch. Each IPU's memory is checked once the weights are
         on their blocks' IPUs."""
         self._default_dtype = torch.get_default_dtype()
+        self._deterministic = _deterministic_setting()
         with self._lookup_scope(), _ipu_memory.deferred_capacity_check():
             first = self._capture_programs(progress)
         strategy = self._strategy()
@@ -580,6 +589,12 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
                       for x in step.out_leaves]
         outputs, self._anchored = pytree.tree_unflatten(leaves_out, step.out_spec)
         return outputs
+
+
+def _deterministic_setting() -> Tuple[bool, bool]:
+    """torch.use_deterministic_algorithms(mode, warn_only)."""
+    return (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled())
 
 
 def _int32_if_int64(t: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@ the op's call, not the one in force when the graph runs, and memory the CPU
 fills in that mode (new tensors, grown storages, resized out= tensors) holds
 the CPU's values."""
 import contextlib
+import copy
 import threading
 from typing import Iterator, Tuple
 
@@ -197,3 +198,81 @@ def test_an_op_the_flag_refuses_called_without_it_runs_under_warn_only():
     with _deterministic(warn_only=True):
         pending.cpu()
     assert_same(expected, pending)
+
+
+# Wrapped models: the setting at the model's call decides, as on the CPU ------
+
+class _Put(torch.nn.Module):
+    def forward(self, values, indices):
+        return torch.zeros(5).put_(indices, values)
+
+
+class _IndexCopy(torch.nn.Module):
+    def forward(self, target, indices, rows):
+        return target.index_copy(0, indices, rows)
+
+
+_PUT_ARGUMENTS = (torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0, 3, 0]))
+
+
+def test_a_wrapped_model_compiled_without_the_flag_is_refused_under_it_at_the_call():
+    """Its step was replayed: the runtime refused put_ with lazy mode's advice
+    to synchronise, which a wrapped model's user cannot act on."""
+    model = poptorch.inferenceModel(_Put())
+    expected = _Put()(*_PUT_ARGUMENTS)
+    assert_same(expected, model(*_PUT_ARGUMENTS).to("ipu"))
+    with _deterministic(), pytest.raises(RuntimeError) as error:
+        model(*_PUT_ARGUMENTS)
+    with _deterministic(), pytest.raises(RuntimeError) as cpu_error:
+        _Put()(*_PUT_ARGUMENTS)
+    assert str(error.value) == str(cpu_error.value)
+    assert_same(expected, model(*_PUT_ARGUMENTS).to("ipu"))  # runs again without it
+
+
+def test_a_wrapped_model_warns_at_the_call_under_warn_only():
+    model = poptorch.inferenceModel(_Put())
+    model(*_PUT_ARGUMENTS)
+    with _deterministic(warn_only=True), pytest.warns(
+            UserWarning, match="put_ does not have a deterministic implementation"):
+        result = model(*_PUT_ARGUMENTS)
+    assert_same(_Put()(*_PUT_ARGUMENTS), result.to("ipu"))
+
+
+def test_a_wrapped_model_compiled_without_the_flag_computes_under_it_as_the_cpu():
+    g = torch.Generator().manual_seed(0)
+    arguments = (torch.zeros(2000, 4, 3), torch.randint(0, 2000, (40000,), generator=g),
+                 torch.randn(40000, 4, 3, generator=g))
+    model = poptorch.inferenceModel(_IndexCopy())
+    model(*arguments)
+    with _deterministic():
+        result = model(*arguments)
+        expected = _IndexCopy()(*arguments)
+    assert torch.equal(result, expected)
+
+
+def test_a_training_model_keeps_its_weights_and_state_when_the_flag_changes():
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    ipu = copy.deepcopy(cpu)
+    cpu_optimizer = torch.optim.Adam(cpu.parameters(), lr=0.01)
+    loss = lambda model, x: model(x).square().mean()  # noqa: E731
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = ipu
+
+        def forward(self, x):
+            return loss(self.model, x)
+
+    training = poptorch.trainingModel(
+        WithLoss(), optimizer=torch.optim.Adam(ipu.parameters(), lr=0.01))
+    for step in range(4):
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(step))
+        with _deterministic() if step % 2 else contextlib.nullcontext():
+            training(x)
+        cpu_optimizer.zero_grad()
+        loss(cpu, x).backward()
+        cpu_optimizer.step()
+    for ours, theirs in zip(ipu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(ours.detach().cpu(), theirs.detach(), rtol=1e-5, atol=1e-6)
