@@ -85,6 +85,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         if not isinstance(model, torch.nn.Module):
             raise Error(f"expected a torch.nn.Module to wrap, got {type(model).__name__}")
         self._model = model
+        _check_wrapper_arguments(options, optimizer, training)
         # The user's options, and the resolved copy the model runs with.
         self._user_options = options if options is not None else Options()
         self._options = wrapper_options(self._user_options, training, optimizer)
@@ -589,6 +590,25 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
                       for x in step.out_leaves]
         outputs, self._anchored = pytree.tree_unflatten(leaves_out, step.out_spec)
         return outputs
+
+
+def _check_wrapper_arguments(options: Any, optimizer: Any, training: bool) -> None:
+    """The options and optimiser given to trainingModel / inferenceModel are
+    what their names say (an optimiser passed second lands in ``options``)."""
+    wrapper = "trainingModel" if training else "inferenceModel"
+    if isinstance(options, torch.optim.Optimizer):
+        raise Error(f"{wrapper}(model, options, optimizer): the second argument is a "
+                    f"{type(options).__name__}, where a poptorch.Options goes: pass the "
+                    "optimiser by name, optimizer=..." if training else
+                    "inferenceModel takes no optimiser: use trainingModel(model, "
+                    "optimizer=...) to train")
+    if options is not None and not isinstance(options, Options):
+        raise Error(f"{wrapper}: options must be a poptorch.Options (or None), got "
+                    f"{type(options).__name__}: make one with poptorch.Options() and its "
+                    "setters (e.g. poptorch.Options().deviceIterations(4))")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise Error(f"trainingModel: optimizer must be a torch.optim.Optimizer (a "
+                    f"poptorch.optim or torch.optim one), got {type(optimizer).__name__}")
 
 
 def _deterministic_setting() -> Tuple[bool, bool]:

@@ -4,6 +4,8 @@ internal assert or a silent wrong result."""
 import pytest
 import torch
 
+import poptorch
+
 
 # Nested tensors (the ops tests/test_device.py checks are left out) ------------
 
@@ -121,7 +123,6 @@ def test_impossible_sizes_raise_the_cpus_error(make):
 
 def test_a_param_group_added_after_compiling_says_to_add_it_before():
     # The error named setOptimizer, which the user never called.
-    import poptorch
     linear = torch.nn.Linear(4, 2)
 
     class Loss(torch.nn.Module):
@@ -143,3 +144,35 @@ def test_a_param_group_added_after_compiling_says_to_add_it_before():
                        r"again"):
         model(x)
     model.destroy()
+
+
+# Wrapper arguments ------------------------------------------------------------
+
+WRAPPER_ARGUMENTS = {
+    # The optimiser passed second lands in options (PopTorch's signature is
+    # trainingModel(model, options=None, optimizer=None)).
+    "optimizer as options": (
+        lambda m: poptorch.trainingModel(m, torch.optim.SGD(m.parameters(), lr=0.1)),
+        r"trainingModel\(model, options, optimizer\): the second argument is a SGD, where a "
+        r"poptorch.Options goes: pass the optimiser by name, optimizer=\.\.\."),
+    "optimizer to inference": (
+        lambda m: poptorch.inferenceModel(m, torch.optim.SGD(m.parameters(), lr=0.1)),
+        r"inferenceModel takes no optimiser: use trainingModel\(model, optimizer=\.\.\.\)"),
+    "options as a dict": (
+        lambda m: poptorch.inferenceModel(m, {"deviceIterations": 2}),
+        r"inferenceModel: options must be a poptorch.Options \(or None\), got dict: make one "
+        r"with poptorch.Options\(\)"),
+    "optimizer as a name": (
+        lambda m: poptorch.trainingModel(m, optimizer="sgd"),
+        r"trainingModel: optimizer must be a torch.optim.Optimizer .*got str"),
+}
+
+
+@pytest.mark.parametrize("wrap, message", WRAPPER_ARGUMENTS.values(),
+                         ids=WRAPPER_ARGUMENTS.keys())
+def test_wrapper_arguments_of_the_wrong_kind_are_named_at_the_wrap(wrap, message):
+    # They failed with "'SGD' object has no attribute '_freeze'" (or, for a
+    # str optimiser, at the first call).
+    with pytest.raises(poptorch.Error, match=message) as error:
+        wrap(torch.nn.Linear(2, 2))
+    assert error.value.location.startswith(__file__)
