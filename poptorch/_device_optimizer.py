@@ -14,6 +14,7 @@ checkpoint holds torch.optim.SGD's momentum buffers, and loading multiplies.
 """
 from __future__ import annotations
 
+import collections
 import inspect
 import logging
 import weakref
@@ -425,18 +426,36 @@ class DeviceOptimizer:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
-        optimizer = self.optimizer
-        for host, _, scaling in self._host_parameters(optimizer):
-            state = optimizer.state.pop(host, {})
-            if state and not rules.is_unstarted(state):
-                optimizer.state[host] = {
+        copies = self.torch_state()
+        self.optimizer.state.clear()
+        self.optimizer.state.update(copies)
+        del _OWNERS[self.optimizer]
+
+    def torch_state(self) -> Dict[Any, Dict[str, Any]]:
+        """The host optimiser's ``state`` with copies of the device's, in
+        torch's layout (momentum buffers divided by their velocity scaling);
+        parameters the device never updated have none, as in torch."""
+        _C.synchronize()
+        state = collections.defaultdict(dict, self.optimizer.state)
+        for host, _, scaling in self._host_parameters(self.optimizer):
+            aliases = state.pop(host, {})
+            if aliases and not rules.is_unstarted(aliases):
+                state[host] = {
                     name: t / scaling if name == "momentum_buffer" and scaling != 1 else t.clone()
-                    for name, t in state.items()}
-        del _OWNERS[optimizer]
+                    for name, t in aliases.items()}
+        return state
 
 
 # optimiser -> the DeviceOptimizer whose state it aliases.
 _OWNERS: "weakref.WeakKeyDictionary[torch.optim.Optimizer, Any]" = weakref.WeakKeyDictionary()
+
+
+def torch_state(optimizer: torch.optim.Optimizer) -> Any:
+    """``DeviceOptimizer.torch_state`` of the model ``optimizer`` drives, or
+    None when it drives none."""
+    owner = _OWNERS.get(optimizer)
+    device = owner() if owner is not None else None
+    return None if device is None else device.torch_state()
 
 
 def _separate_velocity_scaling(optimizer: torch.optim.Optimizer) -> Any:

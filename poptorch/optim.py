@@ -128,6 +128,12 @@ class Optimizer:
     def __getstate__(self) -> Dict[str, Any]:
         # torch's __setstate__ takes every key back into __dict__.
         state = torch.optim.Optimizer.__getstate__(self)  # type: ignore[arg-type]
+        # While a model drives it, its state is the device's, which a copy
+        # takes in torch's layout (imported here: that module imports this one).
+        from ._device_optimizer import torch_state  # pylint: disable=import-outside-toplevel
+        device_state = torch_state(self)  # type: ignore[arg-type]
+        if device_state is not None:
+            state["state"] = device_state
         for name in self._extras + ("variable_attrs",):
             state[name] = getattr(self, name)
         return state

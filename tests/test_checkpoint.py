@@ -498,8 +498,10 @@ def test_a_combined_sgd_state_dict_holds_torch_sgds_momentum(trained_on):
         else:
             cpu_steps(model, optimizer, [step])
         cpu_steps(reference_model, reference, [step])
-    for ours, theirs in zip(momentum_buffers(optimizer), momentum_buffers(reference)):
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
+    # So do copies of the optimiser itself (pickle, deepcopy, torch.save of it).
+    for saved in (optimizer, copy.deepcopy(optimizer), pickle.loads(pickle.dumps(optimizer))):
+        for ours, theirs in zip(momentum_buffers(saved), momentum_buffers(reference)):
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
     if training is not None:  # PopTorch's ipu_state is the device's own tensor
         torch.testing.assert_close(optimizer.state_dict()["ipu_state"]["momentum_buffer___0"],
                                    2.0 * momentum_buffers(reference)[0], rtol=1e-5, atol=1e-7)
