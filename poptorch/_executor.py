@@ -155,6 +155,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
                 "ConnectionType.Never)), so it cannot run: compile it with compile() or "
                 "compileAndExport(), and run the exported file where it is loaded with "
                 "poptorch.load()")
+        self._check_not_inference_mode()
         leaves, spec = self._flatten(args, kwargs)
         if not self._compiled:
             self._compile(leaves, spec)
@@ -365,7 +366,19 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
                 _wrapped_model.wrap(self._model, self)
             self._start_profiling()
 
+    def _check_not_inference_mode(self) -> None:
+        """A training step under torch.inference_mode() is refused, as the CPU's
+        backward is: tensors made in that mode never take gradients (its first
+        call trained wrongly). torch.no_grad() is no obstacle: PopTorch
+        differentiates the step itself."""
+        if self._training and torch.is_inference_mode_enabled():
+            raise Error("a trainingModel was called under torch.inference_mode(), where "
+                        "nothing can be differentiated, so its step cannot train: call it "
+                        "outside inference_mode (torch.no_grad() is allowed), or evaluate "
+                        "with poptorch.inferenceModel(model)")
+
     def _compile(self, leaves: List[Any], spec: Any) -> None:
+        self._check_not_inference_mode()
         self._revive()
         n = self._micro_batches
         specs = []

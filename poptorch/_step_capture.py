@@ -176,24 +176,27 @@ class StepCapture:
         # on the IPU, as in PopTorch (random ones are drawn there on every run).
         scopes = (module_name_scopes(self.model) if self.module_namescope
                   else contextlib.nullcontext())
-        with self._seeded(), _in_modes(self.modes), _whole_step_capture(), \
+        # Autograd on for a training step whatever the caller's grad mode, as
+        # PopTorch differentiates the step itself: its backward failed under
+        # torch.no_grad() (the loss's scaling did not require grad).
+        grad_mode = torch.enable_grad() if self.training else torch.no_grad()
+        with grad_mode, self._seeded(), _in_modes(self.modes), _whole_step_capture(), \
                 capturing_blocks(self.strategy) as blocks, recorder, RunningOnIpu(), \
                 self._state.device, scopes:
-            with torch.enable_grad() if self.training else torch.no_grad():
-                # A grouped weight's forward sees its replica's row.
-                rows = self.grouped.views(self._state.tensors) if self.grouped else {}
-                tensors = {**self._swapped_tensors(), **rows}
-                # HostConstants first: the modes entered later see a call first
-                # (Float64Demotion's 32-bit dtypes reach HostConstants).
-                with _precision.forward_casting(self.precision, self.model), HostConstants(), \
-                        Float64Demotion(), _recompute.capture_modes(_capture_modes), \
-                        overlap_checks.checking((self._args, self._kwargs)) as overlaps, \
-                        device_parameters(self.model, self._state.host, self._state.tensors), \
-                        _buffers.kept_in_forward(self.model, {**self._state.tensors, **rows}):
-                    outputs = torch.func.functional_call(self.model, tensors, self._args,
-                                                         self._kwargs, strict=False,
-                                                         tie_weights=False)
-                    overlaps.check_outputs(outputs)
+            # A grouped weight's forward sees its replica's row.
+            rows = self.grouped.views(self._state.tensors) if self.grouped else {}
+            tensors = {**self._swapped_tensors(), **rows}
+            # HostConstants first: the modes entered later see a call first
+            # (Float64Demotion's 32-bit dtypes reach HostConstants).
+            with _precision.forward_casting(self.precision, self.model), HostConstants(), \
+                    Float64Demotion(), _recompute.capture_modes(_capture_modes), \
+                    overlap_checks.checking((self._args, self._kwargs)) as overlaps, \
+                    device_parameters(self.model, self._state.host, self._state.tensors), \
+                    _buffers.kept_in_forward(self.model, {**self._state.tensors, **rows}):
+                outputs = torch.func.functional_call(self.model, tensors, self._args,
+                                                     self._kwargs, strict=False,
+                                                     tie_weights=False)
+                overlaps.check_outputs(outputs)
             try:
                 self.split = blocks.end_forward()
             except Error as error:

@@ -176,3 +176,68 @@ def test_wrapper_arguments_of_the_wrong_kind_are_named_at_the_wrap(wrap, message
     with pytest.raises(poptorch.Error, match=message) as error:
         wrap(torch.nn.Linear(2, 2))
     assert error.value.location.startswith(__file__)
+
+
+# Grad modes around a wrapped model --------------------------------------------
+
+class _Classifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x, y):
+        out = self.linear(x)
+        return out, torch.nn.functional.cross_entropy(out, y)
+
+
+def _batch(step):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
+
+
+def test_a_training_model_trains_under_no_grad_as_poptorch_does():
+    # PopTorch differentiates the step itself: a compiled model trained under
+    # no_grad, but its first call failed in backward ("element 0 of tensors
+    # does not require grad").
+    torch.manual_seed(0)
+    model = _Classifier()
+    cpu = _Classifier()
+    cpu.load_state_dict(model.state_dict())
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    cpu_optimizer = torch.optim.SGD(cpu.parameters(), lr=0.1)
+    for step in range(2):
+        with torch.no_grad():
+            loss = training(*_batch(step))[1]
+        cpu_optimizer.zero_grad()
+        cpu_loss = cpu(*_batch(step))[1]
+        cpu_loss.backward()
+        cpu_optimizer.step()
+        torch.testing.assert_close(loss, cpu_loss.detach())
+    torch.testing.assert_close(model.linear.weight.detach(), cpu.linear.weight.detach())
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_training_model_under_inference_mode_is_refused_at_the_call(compiled):
+    # Its first call trained with wrong gradients.
+    model = _Classifier()
+    training = poptorch.trainingModel(model)
+    if compiled:
+        training.compile(*_batch(0))
+    weight = model.linear.weight.detach().clone()
+    with torch.inference_mode(), pytest.raises(
+            poptorch.Error, match=r"a trainingModel was called under torch.inference_mode\(\)"
+            r".*call it outside inference_mode \(torch.no_grad\(\) is allowed\), or evaluate "
+            r"with poptorch.inferenceModel\(model\)") as error:
+        training(*_batch(0))
+    assert error.value.location.startswith(__file__)
+    assert torch.equal(model.linear.weight.detach(), weight)
+    training(*_batch(0))  # and outside it, trains
+    assert not torch.equal(model.linear.weight.detach(), weight)
+
+
+def test_an_inference_model_runs_under_inference_mode():
+    model = _Classifier()
+    inference = poptorch.inferenceModel(model)
+    with torch.inference_mode():
+        result = inference(*_batch(0))
+    torch.testing.assert_close(result, model(*_batch(0)))
