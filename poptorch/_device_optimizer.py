@@ -255,6 +255,14 @@ class DeviceOptimizer:
                         "groups cannot be added (optimizer.add_param_group) or removed once "
                         "the model is compiled: give the optimiser every group before the "
                         "first call, or wrap the model again")
+        for index, (group, (params, _)) in enumerate(zip(optimizer.param_groups, self.groups)):
+            given = [self._device_params.get(id(p)) for p in group["params"]]
+            if [id(p) for p in given if p is not None] != [id(p) for p in params]:
+                raise Error(f"{who}: param group {index} of the optimiser holds other "
+                            "parameters than those the model was compiled with (another "
+                            "model's, or the model's in other groups): make the optimiser "
+                            "from the wrapped model's parameters, grouped as before, or wrap "
+                            "the model again")
         self._tracker.check(optimizer, _optimizer_log.type_name(optimizer, self.algorithm))
         self._report_ignored_change(optimizer)
         new = self._constants(optimizer)

@@ -241,3 +241,21 @@ def test_an_inference_model_runs_under_inference_mode():
     with torch.inference_mode():
         result = inference(*_batch(0))
     torch.testing.assert_close(result, model(*_batch(0)))
+
+
+@pytest.mark.parametrize("regroup", ["another model's", "swapped groups"])
+def test_set_optimizer_with_other_parameters_is_refused(regroup):
+    # It was taken: the compiled update went on with the old parameters and
+    # the new optimiser's hyper-parameters, and its state stayed empty.
+    model = _Classifier()
+    groups = lambda m: [{"params": [m.linear.weight]}, {"params": [m.linear.bias]}]  # noqa: E731
+    training = poptorch.trainingModel(model, optimizer=torch.optim.SGD(groups(model), lr=0.1))
+    training(*_batch(0))
+    if regroup == "swapped groups":
+        params = groups(model)[::-1]
+    else:
+        params = groups(_Classifier())
+    with pytest.raises(poptorch.Error, match=r"setOptimizer: param group 0 of the optimiser "
+                       r"holds other parameters than those the model was compiled with"):
+        training.setOptimizer(torch.optim.SGD(params, lr=0.5))
+    training.setOptimizer(torch.optim.SGD(groups(model), lr=0.5))  # the same ones: taken
