@@ -34,7 +34,7 @@ from ._annotations import Split, capturing_blocks, outside_blocks
 from ._anchors import Anchors
 from ._device_optimizer import DeviceOptimizer
 from ._device_state import DeviceState
-from ._errors import Error
+from ._errors import Error, ValueCompatibleError
 from ._float64 import Float64Demotion
 from ._replica_grouping import GroupedWeights
 from ._wrapper_options import MeanFactors
@@ -49,8 +49,14 @@ _DEFAULT_MAX_VARIANTS = 8
 
 
 def max_step_variants() -> int:
-    value = os.environ.get("POPTORCH_MAX_STEP_VARIANTS", "")
-    return int(value) if value.strip() else _DEFAULT_MAX_VARIANTS
+    value = os.environ.get("POPTORCH_MAX_STEP_VARIANTS", "").strip()
+    if not value:
+        return _DEFAULT_MAX_VARIANTS
+    # The words of the variables the C++ side reads (common/environment.cpp).
+    if not value.isdecimal() or int(value) < 1:
+        raise ValueCompatibleError(f"POPTORCH_MAX_STEP_VARIANTS must be an integer of at "
+                                   f"least 1, got {value!r}")
+    return int(value)
 
 
 def module_modes(model: torch.nn.Module) -> List[Tuple[torch.nn.Module, bool]]:

@@ -37,6 +37,17 @@ def test_a_value_that_keeps_changing_is_an_error_naming_the_line(monkeypatch):
     torch.testing.assert_close(model(torch.ones(1, 2)), torch.ones(1, 2))
 
 
+@pytest.mark.parametrize("value", ["x", "0", "-1", "2.5"])
+def test_a_bad_variant_limit_names_the_variable(monkeypatch, value):
+    # int('x') raised a bare ValueError at the first failed guard.
+    monkeypatch.setenv("POPTORCH_MAX_STEP_VARIANTS", value)
+    model = poptorch.inferenceModel(ScalesByAnElement())
+    model(torch.ones(1, 2))
+    with pytest.raises(poptorch.Error, match=f"POPTORCH_MAX_STEP_VARIANTS must be an integer "
+                       f"of at least 1, got '{value}'"):
+        model(torch.full((1, 2), 2.0))
+
+
 class BranchesOnTheData(torch.nn.Module):
     """Batch norm updates its statistics before the value read is checked."""
 
