@@ -22,6 +22,7 @@ from . import _C
 from . import _buffers
 from . import _compile_hooks
 from . import _inputs
+from . import _model_methods
 from . import _ipu_memory
 from . import _precision
 from . import _precompilation
@@ -330,7 +331,9 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         value = getattr(self._model, name)
         if isinstance(value, torch.nn.Parameter):
             _replica_grouping.offer_grouping(value, self, name)  # W.replicaGrouping(...)
-        return value
+        # A method that runs the model (wrapped.generate) would run it on the host.
+        return _model_methods.reached_through_wrapper(
+            self._model, name, value, "trainingModel" if self._training else "inferenceModel")
 
     def __reduce_ex__(self, protocol: int) -> Any:
         # pickle, torch.save and copy save what PopTorch's wrapper holds before

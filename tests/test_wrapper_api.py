@@ -273,6 +273,41 @@ def test_repr_is_the_model_repr():
     assert repr(poptorch.inferenceModel(model)) == repr(model)
 
 
+class WithMethods(Net):
+    def predict(self, x):  # runs the model
+        return self(x).argmax(-1)
+
+    def first_layer(self, x):  # runs a submodule only
+        return self.fc1(x)
+
+    def width(self):  # runs nothing
+        return self.fc1.in_features
+
+
+@pytest.mark.parametrize("wrap", [poptorch.inferenceModel, poptorch.trainingModel])
+def test_model_methods_that_run_it_are_refused_through_the_wrapper(wrap):
+    # The wrapper hands out the model's attributes, as PopTorch's does; a
+    # method of the model's that runs the model or a submodule ran it on
+    # the host, silently.
+    torch.manual_seed(0)
+    model = WithMethods()
+    wrapped = wrap(model)
+    x, y = batch(2)
+    first = wrapped(x, y) if wrap is poptorch.trainingModel else wrapped(x)
+    for call, where in [(lambda: wrapped.predict(x), "the model"),
+                        (lambda: wrapped.first_layer(x), "its submodule 'fc1'"),
+                        (lambda: wrapped.forward(x), "the model")]:
+        with pytest.raises(poptorch.Error, match=f"WithMethods.*runs {where} on the host"):
+            call()
+    assert wrapped.width() == 4
+    # The refusal leaves no hook behind: the compiled step runs on.
+    second = wrapped(x, y) if wrap is poptorch.trainingModel else wrapped(x)
+    if wrap is poptorch.inferenceModel:
+        torch.testing.assert_close(second, first)
+        torch.testing.assert_close(second, model(x))
+    assert wrapped.model.predict(x).shape == (2,)  # the host model, asked for
+
+
 # --- hooks and logging ----------------------------------------------------------
 
 def test_compile_hooks_run_around_each_compilation():
