@@ -232,11 +232,12 @@ def _skip_capture_callbacks(eval_frame: ModuleType) -> None:
     # and what they call are poptorch's and torch's, never the user's.
     from torch._dynamo.types import FrameAction, FrameExecStrategy
 
-    from . import _fake_cpu
+    from . import _dynamo_disable, _fake_cpu
 
     skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
     for function in (_fake_cpu.fake, _fake_cpu.run):
         eval_frame.set_code_exec_strategy(function.__code__, skip)
+    _dynamo_disable.skip_in_dynamo(eval_frame)
 
 
 def _refuse_in_inductor(codegen: ModuleType) -> None:

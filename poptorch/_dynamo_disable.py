@@ -25,17 +25,37 @@ _KERNEL_MODULES = ("torch._refs", "torch._prims", "torch._prims_common", "torch.
 _CACHE = "__dynamo_disable"  # the attribute torch._disable_dynamo caches its wrapper in
 
 
-def _until_dynamo_is_loaded(fn: Callable, recursive: bool) -> Callable:
-    def call(*args: Any, **kwargs: Any) -> Any:
+class UntilDynamoIsLoaded:
+    """A wrapped kernel's stand-in for dynamo's wrapper: runs the kernel as it is until
+    torch._dynamo is loaded, then installs and calls dynamo's wrapper.
+
+    Its own frame must be skipped as dynamo's wrapper's frames are (``skip_in_dynamo``):
+    the first call after the import may come inside a frame dynamo runs with its hook on
+    (code of a graph break), where dynamo would otherwise trace this poptorch code as the
+    user's, breaking its graph at the import, the wrapper and the attribute it sets."""
+
+    def __init__(self, fn: Callable, recursive: bool) -> None:
+        self._fn = fn
+        self._recursive = recursive
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if "torch._dynamo" not in sys.modules:  # no frame hook: nothing to disable
-            return fn(*args, **kwargs)
+            return self._fn(*args, **kwargs)
         import torch._dynamo
 
-        disabled = torch._dynamo.disable(fn, recursive, wrapping=False)
-        setattr(fn, _CACHE, disabled)
+        disabled = torch._dynamo.disable(self._fn, self._recursive, wrapping=False)
+        setattr(self._fn, _CACHE, disabled)
         return disabled(*args, **kwargs)
 
-    return call
+
+def skip_in_dynamo(eval_frame: types.ModuleType) -> None:
+    """Tells dynamo (its module ``torch._dynamo.eval_frame``) to run the stand-ins' frames
+    as they are; what they call is dynamo's to decide (dynamo's wrapper disables the
+    kernel, or only its own frame when not recursive)."""
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    eval_frame.set_code_exec_strategy(UntilDynamoIsLoaded.__call__.__code__,
+                                      FrameExecStrategy(FrameAction.SKIP, FrameAction.DEFAULT))
 
 
 def _wrappers() -> List[types.FunctionType]:
@@ -80,4 +100,4 @@ def install() -> None:
         cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()))
         fn, recursive = cells["fn"].cell_contents, cells["recursive"].cell_contents
         if getattr(fn, _CACHE, None) is None:
-            setattr(fn, _CACHE, _until_dynamo_is_loaded(fn, recursive))
+            setattr(fn, _CACHE, UntilDynamoIsLoaded(fn, recursive))

@@ -11,7 +11,7 @@ import torch._dynamo
 from torch import nn
 
 import poptorch
-from conftest import sgd_training_step, train_beside_the_cpu
+from conftest import run_python, sgd_training_step, train_beside_the_cpu
 
 Inputs = Callable[[], Tuple[torch.Tensor, ...]]
 
@@ -253,6 +253,54 @@ def test_capture_between_graphs_is_not_traced_by_dynamo():
     torch.testing.assert_close(out.cpu(), f(x))
     for function in (_fake_cpu.fake, _fake_cpu.run):
         assert not _debug_get_cache_entry_list(function.__code__), function
+
+
+# A fresh process: xlogy's reference kernel (its Meta kernel on the ipu) has not run yet,
+# so its first call, inside the hooked frame, goes through poptorch._dynamo_disable's
+# stand-in for torch._disable_dynamo's wrapper.
+_FIRST_KERNEL_CALL_BETWEEN_GRAPHS = """
+import torch
+import poptorch  # before torch._dynamo: the stand-ins are installed
+from poptorch import _dynamo_disable
+import torch._dynamo
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from torch._dynamo.utils import counters
+
+def xlogy_kernel():
+    for wrapper in _dynamo_disable._wrappers():
+        cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__))
+        fn = cells["fn"].cell_contents
+        if fn.__module__ == "torch._refs" and fn.__name__ == "xlogy":
+            return fn
+    raise AssertionError("torch._refs.xlogy is no longer wrapped by torch._disable_dynamo")
+
+@torch.compiler.disable(recursive=False)
+def between(y):  # dynamo runs this frame, with its hook on for what it calls
+    return torch.xlogy(y, y + 1)
+
+def f(x):
+    y = x.abs() + 1
+    return between(y) * 2
+
+kernel = xlogy_kernel()
+assert isinstance(getattr(kernel, "__dynamo_disable"), _dynamo_disable.UntilDynamoIsLoaded)
+x = torch.rand(3, 4)
+out = torch.compile(f, backend="ipu")(x.to("ipu"))
+torch.testing.assert_close(out.cpu(), f(x))
+assert not isinstance(getattr(kernel, "__dynamo_disable"), _dynamo_disable.UntilDynamoIsLoaded)
+stand_in = _dynamo_disable.UntilDynamoIsLoaded.__call__.__code__
+assert not _debug_get_cache_entry_list(stand_in), "dynamo compiled the stand-in"
+assert sum(counters["graph_break"].values()) == 1, dict(counters["graph_break"])
+assert poptorch.metrics()["dynamo_graphs"] == 2, poptorch.metrics()
+"""
+
+
+def test_a_reference_kernel_first_run_between_graphs_is_not_traced_by_dynamo():
+    """The wrapped kernel's first call after torch._dynamo is loaded comes in the
+    hooked code of a graph break: dynamo runs the stand-in as it runs its own
+    wrapper (no frame of it compiled, no graph break in it), with the CPU's result."""
+    result = run_python(_FIRST_KERNEL_CALL_BETWEEN_GRAPHS)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 def test_dynamic_shapes_capture_a_program_per_size():
