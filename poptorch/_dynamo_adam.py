@@ -16,10 +16,10 @@ its 0-dim ``step`` tensor, then five passes over parameter-sized tensors::
 Every parameter's chain with the same hyperparameters becomes one call of
 PyTorch's own fused kernel, ``torch._fused_adam_`` (what ``Adam(fused=True)``
 runs on the CPU: one pass per parameter), after one ``_foreach_add_`` of the
-steps. AdamW's decay (``param.mul_(1 - lr * wd)``), Adam's L2 term and
-``maximize`` change the parameter or the gradient before the chain and stay as
-traced; ``amsgrad`` and tensor hyperparameters trace other ops and are left
-alone. The values are the CPU fused kernel's, within rounding of the traced
+steps. AdamW's decay (``param.mul_(1 - lr * wd)``) becomes the kernel's
+AdamW form (``torch._fused_adamw_``), which decays in the same pass; Adam's L2
+term and ``maximize`` change the gradient before the chain and stay as traced;
+``amsgrad`` and tensor hyperparameters trace other ops and are left alone. The values are the CPU fused kernel's, within rounding of the traced
 rule's.
 
 The ``step`` tensors of ``torch.optim`` live on the CPU unless the optimiser is
@@ -150,6 +150,19 @@ def _moments(chain: _Chain) -> bool:
     return True
 
 
+def _decoupled_decay(chain: _Chain) -> None:
+    """Takes AdamW's decay of the parameter, ``param.mul_(1 - lr * weight_decay)``
+    (traced with the factor computed), into the chain: the fused kernel's AdamW
+    form applies it in the same pass. Only a parameter's one ``mul_`` by a number
+    other than 1 is taken; its weight decay is what the factor and lr give."""
+    param = chain.tensors["param"]
+    decays = [n for n in param.users if _method(n, "mul_", 2) and n.args[0] is param]
+    if len(decays) != 1 or not _number(decays[0].args[1]) or decays[0].args[1] == 1:
+        return
+    chain.take(decays[0])
+    chain.hyper["weight_decay"] = (1.0 - float(decays[0].args[1])) / chain.hyper["lr"]
+
+
 def _chain_at(addcdiv: torch.fx.Node) -> Optional[_Chain]:
     """The chain that ends in ``param.addcdiv_(exp_avg, denom)``, or None."""
     args = _method(addcdiv, "addcdiv_", 3)
@@ -161,6 +174,7 @@ def _chain_at(addcdiv: torch.fx.Node) -> Optional[_Chain]:
     chain.tensors.update(param=param, exp_avg=exp_avg)
     if not (_scalar_part(chain, denom) and _moments(chain)):
         return None
+    _decoupled_decay(chain)
     values = {name: _tensor_value(node) for name, node in chain.tensors.items()}
     p = values["param"]
     if not (all(v is not None for v in values.values()) and p.device.type == "ipu" and
@@ -174,15 +188,17 @@ def _chain_at(addcdiv: torch.fx.Node) -> Optional[_Chain]:
 def adam_update(params: List[torch.Tensor], grads: List[torch.Tensor],
                 exp_avgs: List[torch.Tensor], exp_avg_sqs: List[torch.Tensor],
                 steps: List[torch.Tensor], lr: float, beta1: float, beta2: float,
-                eps: float) -> None:
+                eps: float, weight_decay: float = 0.0) -> None:
     """The update the fused graph calls: the traced rule's step increment,
-    then PyTorch's fused kernel on the parameters' device."""
+    then PyTorch's fused kernel on the parameters' device (its AdamW form for
+    a decoupled ``weight_decay``)."""
     torch._foreach_add_(steps, 1)
     device = params[0].device
     if any(s.device != device for s in steps):
         steps = list(torch.stack([s.to(torch.float32) for s in steps]).to(device).unbind())
-    torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1,
-                       beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
+    kernel = torch._fused_adamw_ if weight_decay else torch._fused_adam_
+    kernel(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1, beta2=beta2,
+           weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
 
 
 def _safe_to_move(chains: List[_Chain], position: Dict[torch.fx.Node, int],
@@ -223,7 +239,9 @@ def fuse_adam(gm: torch.fx.GraphModule) -> int:
                  for name in ("param", "grad", "exp_avg", "exp_avg_sq", "step")]
         with gm.graph.inserting_after(chains[-1].nodes[0]):
             gm.graph.call_function(adam_update, tuple(lists),
-                                   {name: hyper[name] for name in ("lr", "beta1", "beta2", "eps")})
+                                   {name: hyper[name] for name in (
+                                       "lr", "beta1", "beta2", "eps", "weight_decay")
+                                    if name in hyper})
         ordered = sorted({n for c in chains for n in c.nodes}, key=position.__getitem__,
                          reverse=True)
         for node in ordered:  # users first

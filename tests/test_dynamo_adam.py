@@ -13,7 +13,7 @@ import torch._dynamo
 from torch import nn
 
 import poptorch
-from poptorch import _dynamo_backend
+from poptorch import _dynamo_adam, _dynamo_backend
 from conftest import compiled_training_beside_the_cpu, results_of_calls, training_step
 
 
@@ -76,3 +76,25 @@ def test_adam_with_its_steps_on_the_ipu_replays_the_fused_update(fused):
     for a, b in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-5, atol=1e-6)
     assert fused[-1] == 2, fused
+
+
+def test_adamw_decays_the_parameters_in_the_fused_kernel(monkeypatch):
+    """AdamW's ``param.mul_(1 - lr * weight_decay)`` runs in the fused kernel's
+    AdamW form (no pass of its own), with the CPU's values."""
+    graphs = []
+    fuse = _dynamo_backend.fuse_adam
+
+    def fuse_and_keep(gm: torch.fx.GraphModule) -> int:
+        graphs.append(gm)
+        return fuse(gm)
+
+    monkeypatch.setattr(_dynamo_backend, "fuse_adam", fuse_and_keep)
+    compiled_training_beside_the_cpu(
+        lambda parameters: torch.optim.AdamW(parameters, lr=0.02, weight_decay=0.1), steps=5)
+    updates = [n for gm in graphs for n in gm.graph.nodes if n.target is _dynamo_adam.adam_update]
+    assert updates, "no optimiser graph was fused"
+    for update in updates:
+        assert update.kwargs["weight_decay"] == pytest.approx(0.1), update.kwargs
+        graph = update.graph
+        assert not [n for n in graph.nodes if n.op == "call_method" and n.target == "mul_"
+                    and n.args[0] in update.args[0]], graph
