@@ -19,14 +19,15 @@ runs on the CPU: one pass per parameter), after one ``_foreach_add_`` of the
 steps. AdamW's decay (``param.mul_(1 - lr * wd)``) becomes the kernel's
 AdamW form (``torch._fused_adamw_``), which decays in the same pass; Adam's L2
 term and ``maximize`` change the gradient before the chain and stay as traced;
-``amsgrad`` and tensor hyperparameters trace other ops and are left alone. The values are the CPU fused kernel's, within rounding of the traced
-rule's.
+``amsgrad`` and tensor hyperparameters trace other ops and are left alone.
+The values are the CPU fused kernel's, within rounding of the traced rule's.
 
 The ``step`` tensors of ``torch.optim`` live on the CPU unless the optimiser is
-made ``capturable`` (dynamo sets that for CUDA only), so the graph runs in lazy
-mode, op by op (``_dynamo_backend._why_not_replayable``): the fused kernel
-makes it one captured op per graph instead of twenty per parameter. The steps
-are uploaded for the kernel, which reads them, once per call.
+made ``capturable`` (dynamo sets that for CUDA only); a captured program would
+keep their values as constants. So the fused graph takes them as an input
+instead (``host_steps_as_inputs``): at each call they are counted on the host,
+as torch.optim counts them, and uploaded as one tensor, and the graph's
+program replays as any other.
 """
 from __future__ import annotations
 
@@ -195,10 +196,99 @@ def adam_update(params: List[torch.Tensor], grads: List[torch.Tensor],
     torch._foreach_add_(steps, 1)
     device = params[0].device
     if any(s.device != device for s in steps):
-        steps = list(torch.stack([s.to(torch.float32) for s in steps]).to(device).unbind())
+        steps = list(_uploaded(steps, device).unbind())
+    _fused_kernel(params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2,
+                  eps=eps, weight_decay=weight_decay)
+
+
+def adam_update_of_steps(params: List[torch.Tensor], grads: List[torch.Tensor],
+                         exp_avgs: List[torch.Tensor], exp_avg_sqs: List[torch.Tensor],
+                         steps: torch.Tensor, lr: float, beta1: float, beta2: float,
+                         eps: float, weight_decay: float = 0.0) -> None:
+    """``adam_update`` with the steps already counted, on the device, one per
+    parameter in ``steps`` (``HostSteps`` gives it)."""
+    _fused_kernel(params, grads, exp_avgs, exp_avg_sqs, list(steps.unbind()), lr=lr,
+                  beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+
+
+def _fused_kernel(params: List[torch.Tensor], grads: List[torch.Tensor],
+                  exp_avgs: List[torch.Tensor], exp_avg_sqs: List[torch.Tensor],
+                  steps: List[torch.Tensor], lr: float, beta1: float, beta2: float, eps: float,
+                  weight_decay: float) -> None:
     kernel = torch._fused_adamw_ if weight_decay else torch._fused_adam_
     kernel(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1, beta2=beta2,
            weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+
+
+def _uploaded(steps: List[torch.Tensor], device: torch.device) -> torch.Tensor:
+    return torch.stack([s.to(torch.float32) for s in steps]).to(device)
+
+
+class HostSteps:
+    """A fused update's ``step`` tensors kept on the CPU, as torch.optim keeps
+    them: counted on the host and uploaded as one input of the graph at each
+    call, so that the graph's program replays (a capture would keep their
+    values as constants)."""
+
+    def __init__(self, steps: List[torch.Tensor], device: torch.device) -> None:
+        self._steps = steps
+        self._device = device
+
+    def example(self) -> torch.Tensor:
+        return torch.empty(len(self._steps), device=self._device)
+
+    def __call__(self) -> torch.Tensor:
+        torch._foreach_add_(self._steps, 1)
+        return _uploaded(self._steps, self._device)
+
+
+def host_steps_as_inputs(gm: torch.fx.GraphModule
+                         ) -> Tuple[torch.fx.GraphModule, List[HostSteps]]:
+    """``gm`` with each ``adam_update`` whose steps are host tensors of the
+    graph (dynamo's attributes) an ``adam_update_of_steps`` of a new last input,
+    and what gives those inputs, in order. A new graph module when there are
+    any: dynamo reads its graph's inputs after the backend returns."""
+    updates = [n for n in gm.graph.nodes if n.target is adam_update and _host_steps(gm, n)]
+    if not updates:
+        return gm, []
+    graph = torch.fx.Graph()
+    copies: Dict[torch.fx.Node, torch.fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, copies))
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    given = []
+    for update in updates:
+        node = copies[update]
+        with graph.inserting_after(placeholders[-1] if placeholders else None):
+            placeholders.append(graph.placeholder(f"adam_steps_{len(given)}"))
+        step_nodes = node.args[4]
+        node.target = adam_update_of_steps
+        node.args = (*node.args[:4], placeholders[-1], *node.args[5:])
+        for step_node in step_nodes:
+            if not step_node.users:
+                graph.erase_node(step_node)
+        given.append(HostSteps(_host_steps(gm, update), _tensor_value(update.args[0][0]).device))
+    return torch.fx.GraphModule(gm, graph), given
+
+
+def _host_steps(gm: torch.fx.GraphModule, update: torch.fx.Node) -> List[torch.Tensor]:
+    """The step tensors of ``adam_update`` node ``update`` if they are 0-dim
+    host tensors held by ``gm`` and its parameters are on a device, else []."""
+    step_nodes = update.args[4]
+    if _tensor_value(update.args[0][0]) is None or not all(n.op == "get_attr"
+                                                            for n in step_nodes):
+        return []
+    steps = [_attribute(gm, n.target) for n in step_nodes]
+    if not all(isinstance(s, torch.Tensor) and s.device.type == "cpu" and s.dim() == 0
+               for s in steps):
+        return []
+    return steps
+
+
+def _attribute(gm: torch.fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for name in target.split("."):
+        value = getattr(value, name)
+    return value
 
 
 def _safe_to_move(chains: List[_Chain], position: Dict[torch.fx.Node, int],

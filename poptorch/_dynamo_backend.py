@@ -36,7 +36,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import _C
-from ._dynamo_adam import fuse_adam
+from ._dynamo_adam import fuse_adam, host_steps_as_inputs
 from ._dynamo_dropout import use_counter_based_dropout
 from ._dynamo_sgd import fuse_sgd_momentum
 from ._errors import Error
@@ -74,7 +74,10 @@ def ipu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: Option
         # The optimiser's step is such a graph.
         fuse_sgd_momentum(gm)
         fuse_adam(gm)
-        replayed = ReplayedGraph(gm, example_inputs)
+        gm, host_steps = host_steps_as_inputs(gm)
+        replayed = ReplayedGraph(gm, [*example_inputs, *(h.example() for h in host_steps)])
+        if host_steps:
+            return lambda *args: replayed([*args, *(h() for h in host_steps)])
         return lambda *args: replayed(list(args))
     # Inference graphs write their inputs in place (an optimiser's step: the
     # parameters), rather than return new values for Python to copy back.

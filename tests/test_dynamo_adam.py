@@ -51,9 +51,12 @@ def test_a_compiled_adam_step_matches_the_cpu(rule, fused):
     assert fused and fused[-1] == steady_fused, fused
 
 
-def test_adam_with_its_steps_on_the_ipu_replays_the_fused_update(fused):
-    """Steps on the parameters' device (a state loaded so, or capturable) make
-    the optimiser's graph replayable: captured once, then replayed."""
+@pytest.mark.parametrize("steps_on", ["cpu", "ipu"])
+def test_adam_replays_the_fused_update(steps_on, fused):
+    """The optimiser's graph is captured once, then replayed, with its steps
+    where torch.optim keeps them (the CPU: counted on the host and uploaded as
+    an input at each call) or on the parameters' device (a state loaded so, or
+    capturable)."""
     torch.manual_seed(0)
     reference = nn.Linear(6, 3)
     model = copy.deepcopy(reference).to("ipu")
@@ -63,16 +66,21 @@ def test_adam_with_its_steps_on_the_ipu_replays_the_fused_update(fused):
     cpu_step = training_step(reference, cpu_optimizer)
     for step in range(5):
         x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
-        if step == 1:  # as dynamo moves them when it compiles the step again
+        if step == 1 and steps_on == "ipu":  # as dynamo moves them when it compiles again
             for state in ipu_optimizer.state.values():
                 state["step"] = state["step"].to("ipu")
         ipu_step(x.to("ipu"), y.to("ipu")).item()
         cpu_step(x, y)
         if step == 3:
-            captured = poptorch.metrics()["ops_captured"]
+            warm = poptorch.metrics()
     # The last step replays its graphs; loss.backward()'s ones_like (a graph
     # break) is the one op captured.
-    assert poptorch.metrics()["ops_captured"] - captured == 1
+    after = poptorch.metrics()
+    assert after["ops_captured"] - warm["ops_captured"] == 1
+    assert after["graphs_compiled"] == warm["graphs_compiled"]
+    for state, cpu_state in zip(ipu_optimizer.state.values(), cpu_optimizer.state.values()):
+        assert state["step"].device.type == steps_on
+        torch.testing.assert_close(state["step"].cpu(), cpu_state["step"])
     for a, b in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(a.detach().cpu(), b.detach(), rtol=1e-5, atol=1e-6)
     assert fused[-1] == 2, fused
