@@ -1,5 +1,5 @@
+#include <algorithm>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "passes/passes.h"
@@ -7,25 +7,31 @@
 namespace poptorch::passes {
 namespace {
 
-// aten op (its overload "") -> poptorch's kernel for it (csrc/kernels), an op
-// with the same arguments and results.
-const std::vector<std::pair<std::string, c10::OperatorHandle>>& ownKernels() {
-  static const auto* table = [] {
-    auto* kernels = new std::vector<std::pair<std::string, c10::OperatorHandle>>();
+// An aten op (its overload "") and poptorch's kernel for it (csrc/kernels), an
+// op with the same arguments and results.
+struct OwnKernel {
+  std::string aten;
+  c10::OperatorHandle own;
+};
+
+const std::vector<OwnKernel>& ownKernels() {
+  static const std::vector<OwnKernel> kernels = [] {
+    std::vector<OwnKernel> table;
     for (const char* name :
          {"tanh", "max_pool2d_with_indices", "max_pool2d_with_indices_backward"}) {
-      kernels->emplace_back(std::string("aten::") + name,
-                            c10::Dispatcher::singleton().findSchemaOrThrow(
-                                (std::string("poptorch::") + name).c_str(), ""));
+      table.push_back({std::string("aten::") + name,
+                       c10::Dispatcher::singleton().findSchemaOrThrow(
+                           (std::string("poptorch::") + name).c_str(), "")});
     }
-    return kernels;
+    return table;
   }();
-  return *table;
+  return kernels;
 }
 
 }  // namespace
 
 ir::Graph useOwnKernels(ir::Graph graph) {
+  const std::vector<OwnKernel>& kernels = ownKernels();
   for (ir::Node& node : graph.nodes) {
     const c10::OperatorName& name = node.op.operator_name();
     // Their fast paths are float32 only; other dtypes stay aten's.
@@ -33,9 +39,9 @@ ir::Graph useOwnKernels(ir::Graph graph) {
         node.inputs[0].dtype != c10::ScalarType::Float) {
       continue;
     }
-    for (const auto& [aten, own] : ownKernels()) {
-      if (name.name == aten) node.op = own;
-    }
+    const auto kernel = std::find_if(kernels.begin(), kernels.end(),
+                                     [&](const OwnKernel& k) { return k.aten == name.name; });
+    if (kernel != kernels.end()) node.op = kernel->own;
   }
   return graph;
 }
