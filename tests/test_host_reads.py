@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import poptorch
-from conftest import train_beside_the_cpu
+from conftest import run_python, train_beside_the_cpu
 
 
 class ScalesByAnElement(torch.nn.Module):
@@ -23,6 +23,52 @@ def test_an_item_read_in_forward_follows_the_data():
         torch.testing.assert_close(model(x), x * x[0, 0].item())
     assert poptorch.metrics()["guard_failures"] > 0
 
+
+
+def _scaled_micro_batches(scales):
+    """Two rows per micro-batch, the first element of micro-batch k being scales[k]."""
+    x = torch.randn(2 * len(scales), 3, generator=torch.Generator().manual_seed(0))
+    x[0::2, 0] = torch.tensor(scales)
+    return x
+
+
+def test_an_item_read_in_forward_follows_the_data_of_every_micro_batch():
+    # The micro-batches run two at a time on the inference lanes, with the
+    # variant captured first; those whose value differs, and the rest of their
+    # lane, run again on the calling thread, which captures a variant for them.
+    model = ScalesByAnElement()
+    wrapped = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(8))
+    scales = [1.0, 1.0, 1.0, 2.0, 1.0, 3.0, 3.0, 1.0]
+    x = _scaled_micro_batches(scales)
+    failures = poptorch.metrics()["guard_failures"]
+    expected = torch.cat([model(rows) for rows in x.split(2)])
+    torch.testing.assert_close(wrapped(x), expected)
+    assert poptorch.metrics()["guard_failures"] > failures
+    # With three variants the step no longer runs on the lanes; the values hold.
+    torch.testing.assert_close(wrapped(x), expected)
+    x = _scaled_micro_batches([2.0] * 8)
+    torch.testing.assert_close(wrapped(x), x * 2.0)
+
+
+def test_a_step_with_a_guard_runs_its_micro_batches_on_both_lanes():
+    code = """
+import torch, poptorch
+class ScalesByAnElement(torch.nn.Module):
+    def forward(self, x):
+        return x * x[0, 0].item()
+x = torch.randn(8, 3)
+x[0::2, 0] = torch.tensor([1.0, 1.0, 2.0, 1.0])
+out = poptorch.inferenceModel(ScalesByAnElement(), poptorch.Options().deviceIterations(4))(x)
+torch.testing.assert_close(out, torch.cat([rows * rows[0, 0] for rows in x.split(2)]))
+print("ok")
+"""
+    result = run_python(code, env={"POPTORCH_LOG_LEVEL": "DEBUG"})
+    assert result.stdout.strip() == "ok", result.stderr
+    assert "the inference micro-batches run on two lanes" in result.stderr
+    # Micro-batch 2 (lane 0) fails its guard and runs again on the calling
+    # thread, which captures a variant for it; micro-batch 3 (lane 1) ran on its lane.
+    assert "micro-batch 2 runs again on the calling thread" in result.stderr
+    assert "micro-batch 3 runs again" not in result.stderr
 
 def test_a_value_that_keeps_changing_is_an_error_naming_the_line(monkeypatch):
     monkeypatch.setenv("POPTORCH_MAX_STEP_VARIANTS", "2")

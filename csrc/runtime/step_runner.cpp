@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -13,6 +14,7 @@
 #include "common/metrics.h"
 #include "profiling/profiler.h"
 #include "runtime/executor.h"
+#include "runtime/guard_failure.h"
 #include "runtime/program_twin.h"
 #include "runtime/worker.h"
 
@@ -146,7 +148,8 @@ std::pair<std::unique_ptr<Program>, Lane> twinLane(const Program& micro_step,
 // Inference micro-batches are independent: with two lanes, one per core,
 // they run two at a time. Only when the program writes nothing the lanes
 // share, needs no calling thread (default-generator randoms, host effects),
-// is not specialised on values read while capturing, and outputs are not summed.
+// and outputs are not summed. A program specialised on values read while
+// capturing may run there too (see runLanes).
 bool lanesApply(const Program* micro_step, const UpdateVariants* update,
                 const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                 const StepShape& shape, const std::vector<OutputSlots>& slots) {
@@ -217,17 +220,27 @@ void runUpdate(const Call& call, const std::vector<size_t>& ran) {
 }
 
 // Runs micro-batches first, first + stride, ... of `count` on `lane`;
-// `variants` says which variants ran before each update.
+// `variants` says which variants ran before each update. With `stopped`, a
+// guard that fails stops the lane: `*stopped` is then the micro-batch it
+// failed on (whose run left no trace), else `count`.
 void runLane(const Lane& lane, int64_t first, int64_t stride, int64_t count, const Call& call,
-             StepVariants& variants) {
+             StepVariants& variants, int64_t* stopped = nullptr) {
   StepTimeline* timeline = call.timeline;
+  if (stopped != nullptr) *stopped = count;
   for (int64_t k = first; k < count; k += stride) {
     if (call.replica_buffers != nullptr) call.replica_buffers->select(k % call.replicas);
     loadInputs(call, k, lane.inputs);
     if (timeline != nullptr) timeline->launch[k] = profiling::now();
-    const Program& ran = lane.run(call.seed + static_cast<uint64_t>(k) + 1);
+    const Program* ran = nullptr;
+    try {
+      ran = &lane.run(call.seed + static_cast<uint64_t>(k) + 1);
+    } catch (const GuardFailure&) {
+      if (stopped == nullptr) throw;
+      *stopped = k;
+      return;
+    }
     if (timeline != nullptr) timeline->launch_complete[k] = profiling::now();
-    unloadOutputs(call, k, ran, lane.inputs, lane.outputs);
+    unloadOutputs(call, k, *ran, lane.inputs, lane.outputs);
     if (call.update != nullptr && (k + 1) % call.per_iteration == 0) {
       runUpdate(call, variants.takeRan());
     }
@@ -252,8 +265,10 @@ void runPipelined(PipelineScheduler& pipeline, int64_t count, const Call& call) 
 // Runs micro-batches on two lanes at once, on the threads of an OpenMP team of
 // two: its threads persist between calls, and the kernels inside it run on one
 // thread each (OpenMP does not nest). A smaller team runs both lanes in turn.
+// Lane l runs micro-batches l, l + 2, ...; a guard that fails stops it, and
+// `stopped[l]` is where (see runLane).
 void runInTwoLanes(const Lane& first, const Lane& second, int64_t count, const Call& call,
-                   StepVariants& variants) {
+                   StepVariants& variants, std::array<int64_t, 2>& stopped) {
   const Lane* lanes[] = {&first, &second};
   std::exception_ptr errors[2];
   const int64_t session = profiling::currentSession();  // the caller's, for the team's threads
@@ -264,7 +279,7 @@ void runInTwoLanes(const Lane& first, const Lane& second, int64_t count, const C
     const DenormalModeOfCall of_call(denormal_mode);
     for (int l = omp_get_thread_num(); l < 2; l += omp_get_num_threads()) {
       try {
-        runLane(*lanes[l], l, 2, count, call, variants);
+        runLane(*lanes[l], l, 2, count, call, variants, &stopped[l]);
       } catch (...) {
         errors[l] = std::current_exception();
       }
@@ -272,6 +287,30 @@ void runInTwoLanes(const Lane& first, const Lane& second, int64_t count, const C
   }
   for (const std::exception_ptr& error : errors) {
     if (error) std::rethrow_exception(error);
+  }
+}
+
+// Runs the micro-batches of an inference call on two lanes (see lanesApply):
+// `only`, the step's one variant, on `lane`'s tensors and on a twin's. The
+// lanes cannot capture the step again, which takes the calling thread: a
+// micro-batch whose guard fails, and the rest of its lane's, run afterwards on
+// `lane` through `variants`, which captures a variant for their values.
+void runLanes(const Program& only, const Lane& lane, int64_t count, const Call& call,
+              StepVariants& variants) {
+  auto [twin, second] = twinLane(only, lane.inputs, lane.outputs);
+  const Lane first{[&only](uint64_t seed_salt) -> const Program& {
+                     only.run(seed_salt);
+                     return only;
+                   },
+                   lane.inputs, lane.outputs};
+  std::array<int64_t, 2> stopped{count, count};
+  POPTORCH_LOG(kDebug) << "the inference micro-batches run on two lanes";
+  runInTwoLanes(first, second, count, call, variants, stopped);
+  for (int64_t k = std::min(stopped[0], stopped[1]); k < count; ++k) {
+    if (k < stopped[k % 2]) continue;
+    POPTORCH_LOG(kDebug) << "micro-batch " << k << " runs again on the calling thread: a guard "
+                         << "failed on its lane";
+    runLane(lane, k, 1, k + 1, call, variants);
   }
 }
 
@@ -340,9 +379,8 @@ std::vector<at::Tensor> runSteps(
     call.before_update = before_update;
     runPipelined(*pipeline, count, call);
   } else if (replica_buffers == nullptr &&
-             lanesApply(unguarded, update, device_inputs, device_outputs, shape, slots)) {
-    auto [twin, second] = twinLane(*unguarded, device_inputs, device_outputs);
-    runInTwoLanes(lane, second, count, call, micro_step);
+             lanesApply(micro_step.only(), update, device_inputs, device_outputs, shape, slots)) {
+    runLanes(*micro_step.only(), lane, count, call, micro_step);
   } else {
     // Replica 0's buffers are the host's again after the call, even a failed one.
     struct Settle {

@@ -30,8 +30,12 @@ const Program& StepVariants::ranFront() {
 }
 
 const Program* StepVariants::unguarded() const {
-  return variants_.size() == 1 && !variants_[0].program->hasGuards() ? variants_[0].program.get()
-                                                                     : nullptr;
+  const Program* program = only();
+  return program != nullptr && !program->hasGuards() ? program : nullptr;
+}
+
+const Program* StepVariants::only() const {
+  return variants_.size() == 1 ? variants_[0].program.get() : nullptr;
 }
 
 bool StepVariants::writes(const c10::StorageImpl* storage) const {

@@ -36,6 +36,8 @@ class StepVariants {
 
   // The only program, when the step read nothing on the host.
   const Program* unguarded() const;
+  // The only variant, guarded or not.
+  const Program* only() const;
   size_t size() const { return variants_.size(); }
 
  private:
