@@ -211,3 +211,24 @@ def test_check_errors_raises_at_the_call_as_on_the_cpu(op):
         errors[device] = str(error.value)
     # The CPU's message, then where the ipu ran it.
     assert errors["ipu"].startswith(errors["cpu"])
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("shape", [(10,), (1, 10), (5, 10)])
+def test_a_result_the_meta_kernel_sizes_otherwise_has_the_cpus_size(shape, reduction):
+    """PyTorch's Meta kernel of multilabel_margin_loss (a decomposition) gives the unreduced
+    loss of a 1-D input the shape [1], the CPU kernel []: the ipu raised "the host kernel
+    returned a result of shape [] where its Meta kernel predicted [1]" at the first read
+    (PyTorch's test_modules test_cpu_gpu_parity). Its gradient is compared too."""
+    torch.manual_seed(0)
+    inputs = torch.randn(shape)
+    target = torch.randint(-1, shape[-1], shape)
+    results, grads = {}, {}
+    for device in ("cpu", "ipu"):
+        x = inputs.to(device).detach().requires_grad_()
+        loss = F.multilabel_margin_loss(x, target.to(device), reduction=reduction)
+        assert loss.shape == F.multilabel_margin_loss(inputs, target, reduction=reduction).shape
+        loss.backward(torch.full_like(loss, 0.5))
+        results[device], grads[device] = loss, x.grad
+    assert_same(results["cpu"], results["ipu"], rtol=0, atol=0)
+    assert_same(grads["cpu"], grads["ipu"], rtol=0, atol=0)

@@ -262,6 +262,60 @@ bool checkable(const c10::OperatorHandle& op) {
          op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU);
 }
 
+// Calls `visit(cpu, meta, written)` for each fresh result and each written
+// argument that both `run` and `result` describe: the layouts a CPU run may
+// correct. Views keep the layout of what they view.
+template <typename Run, typename Result, typename Visit>
+void forEachCorrectable(Run& run, Result& result, Visit visit) {
+  for (size_t r = 0; r < result.returns.size() && r < run.returns.size(); ++r) {
+    auto& tensors = result.returns[r].tensors;
+    if (tensors.size() != run.returns[r].size()) continue;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].storage < 0) visit(run.returns[r][i], tensors[i], false);
+    }
+  }
+  for (size_t a = 0; a < result.written.size() && a < run.written.size(); ++a) {
+    if (result.written[a].size() != run.written[a].size()) continue;
+    for (size_t i = 0; i < result.written[a].size(); ++i) {
+      visit(run.written[a][i], result.written[a][i], true);
+    }
+  }
+}
+
+bool resizedOtherwise(const std::optional<Layout>& cpu, const Layout& meta) {
+  return cpu && meta.defined && cpu->dtype == meta.dtype && cpu->sizes != meta.sizes;
+}
+
+// The sizes `run` gives where they differ from `expected`'s, in visiting order.
+std::vector<std::optional<c10::SmallVector<int64_t, 5>>> resizes(const CpuRun& run,
+                                                                 const MetaResult& expected) {
+  std::vector<std::optional<c10::SmallVector<int64_t, 5>>> sizes;
+  forEachCorrectable(run, expected, [&](const std::optional<Layout>& cpu, const Layout& meta, bool) {
+    sizes.push_back(resizedOtherwise(cpu, meta) ? std::optional(cpu->sizes) : std::nullopt);
+  });
+  return sizes;
+}
+
+// Where `run` sizes a result otherwise than the Meta kernel did (PyTorch's
+// decomposition gives multilabel_margin_loss's unreduced loss of a 1-D input
+// the shape [1], the CPU kernel []), the CPU's size is the one the ipu's run
+// of that kernel gives: it is kept if a run over the other filler gives it
+// too, and dropped (the Meta kernel's stands) if the values may decide it.
+void confirmResizes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                    const Extents& extents, int other_filler, const MetaResult& expected,
+                    CpuRun& run) {
+  const auto sizes = resizes(run, expected);
+  if (std::all_of(sizes.begin(), sizes.end(), [](const auto& s) { return !s.has_value(); })) {
+    return;
+  }
+  const auto other = runOnStandIns(op, arguments, extents, other_filler);
+  const auto* confirmed = std::get_if<CpuRun>(&other);
+  if (confirmed != nullptr && resizes(*confirmed, expected) == sizes) return;
+  forEachCorrectable(run, expected, [](std::optional<Layout>& cpu, const Layout& meta, bool) {
+    if (resizedOtherwise(cpu, meta)) cpu.reset();
+  });
+}
+
 }  // namespace
 
 std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
@@ -278,6 +332,7 @@ std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
   at::DisableRecordFunctionGuard not_profiled;
   auto first = runOnStandIns(op, arguments, *extents, kFillers[0]);
   if (auto* run = std::get_if<CpuRun>(&first)) {
+    confirmResizes(op, arguments, *extents, kFillers[1], expected, *run);
     return sortWarnings(op, arguments, *extents, kFillers[0], std::move(*run));
   }
   const Raised& raised = std::get<Raised>(first);
@@ -293,6 +348,7 @@ std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
   }
   auto second = runOnStandIns(op, arguments, *extents, kFillers[1]);
   if (auto* run = std::get_if<CpuRun>(&second)) {
+    confirmResizes(op, arguments, *extents, kFillers[0], expected, *run);
     return sortWarnings(op, arguments, *extents, kFillers[1], std::move(*run));
   }
   if (raised.same(std::get<Raised>(second))) {
@@ -302,26 +358,13 @@ std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
   return std::nullopt;
 }
 
-void adoptCpuStrides(const CpuRun& cpu, MetaResult& result) {
-  auto adopt = [](const std::optional<Layout>& from, Layout& to, bool with_offset) {
-    if (!from || !to.defined || from->dtype != to.dtype || from->sizes != to.sizes) return;
+void adoptCpuLayouts(const CpuRun& cpu, MetaResult& result) {
+  forEachCorrectable(cpu, result, [](const std::optional<Layout>& from, Layout& to, bool written) {
+    if (!from || !to.defined || from->dtype != to.dtype) return;
+    to.sizes = from->sizes;
     to.strides = from->strides;
-    if (with_offset) to.offset = from->offset;
-  };
-  for (size_t r = 0; r < result.returns.size() && r < cpu.returns.size(); ++r) {
-    std::vector<Layout>& tensors = result.returns[r].tensors;
-    if (tensors.size() != cpu.returns[r].size()) continue;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      // Views and written arguments keep their layout: only fresh results.
-      if (tensors[i].storage < 0) adopt(cpu.returns[r][i], tensors[i], false);
-    }
-  }
-  for (size_t a = 0; a < result.written.size() && a < cpu.written.size(); ++a) {
-    if (result.written[a].size() != cpu.written[a].size()) continue;
-    for (size_t i = 0; i < result.written[a].size(); ++i) {
-      adopt(cpu.written[a][i], result.written[a][i], true);
-    }
-  }
+    if (written) to.offset = from->offset;
+  });
 }
 
 }  // namespace poptorch::capture

@@ -14,7 +14,7 @@
 // matrix) stays with the run, which poisons what the failed graph computes.
 //
 // The run that goes through also tells the layouts the CPU gives the results
-// (capture gives the ipu's results the same strides) and the warnings the CPU
+// (capture gives the ipu's results the same sizes and strides) and the warnings the CPU
 // gives at the call (capture gives them at each call; the kernel's run in the
 // graph does not give them again).
 #pragma once
@@ -52,12 +52,14 @@ std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
                                        c10::ArrayRef<c10::IValue> arguments,
                                        const MetaResult& expected);
 
-// Gives the fresh results and the written arguments of `result` the strides
-// (and a written argument its offset) the CPU kernel gave them, where the
-// sizes and dtypes agree. PyTorch's Python Meta kernels make results with
-// their own rule (torch._prims_common's empty_like), which differs from the
-// CPU's for dims of size 1 and empty tensors, and so does their out= resizing;
-// the CPU's strides decide whether a later view() works.
-void adoptCpuStrides(const CpuRun& cpu, MetaResult& result);
+// Gives the fresh results and the written arguments of `result` the sizes and
+// strides (and a written argument its offset) the CPU kernel gave them, where
+// the dtypes agree. PyTorch's Python Meta kernels make results with their own
+// rule (torch._prims_common's empty_like), which differs from the CPU's for
+// dims of size 1 and empty tensors, and so does their out= resizing; the CPU's
+// strides decide whether a later view() works. A few size a result otherwise
+// than the CPU kernel, which the ipu runs (checkAsCpuKernel keeps such a size
+// only if the values do not decide it).
+void adoptCpuLayouts(const CpuRun& cpu, MetaResult& result);
 
 }  // namespace poptorch::capture

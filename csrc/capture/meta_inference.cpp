@@ -525,7 +525,7 @@ std::shared_ptr<const MetaResult> inferMeta(const c10::OperatorHandle& op,
   if (keyed) {
     const std::optional<CpuRun>& cpu = checkAsCpuKernelOnce(op, arguments, *result);
     if (cpu) {
-      adoptCpuStrides(*cpu, *result);
+      adoptCpuLayouts(*cpu, *result);
       result->warnings = cpu->warnings;
       result->warnings_at_call = true;
     }
