@@ -286,10 +286,10 @@ bool resizedOtherwise(const std::optional<Layout>& cpu, const Layout& meta) {
   return cpu && meta.defined && cpu->dtype == meta.dtype && cpu->sizes != meta.sizes;
 }
 
-// The sizes `run` gives where they differ from `expected`'s, in visiting order.
-std::vector<std::optional<c10::SmallVector<int64_t, 5>>> resizes(const CpuRun& run,
-                                                                 const MetaResult& expected) {
-  std::vector<std::optional<c10::SmallVector<int64_t, 5>>> sizes;
+// Per layout a CPU run may correct (in forEachCorrectable's order): the sizes
+// `run` gives it where they differ from `expected`'s.
+std::vector<std::optional<Sizes>> resizes(const CpuRun& run, const MetaResult& expected) {
+  std::vector<std::optional<Sizes>> sizes;
   forEachCorrectable(run, expected, [&](const std::optional<Layout>& cpu, const Layout& meta, bool) {
     sizes.push_back(resizedOtherwise(cpu, meta) ? std::optional(cpu->sizes) : std::nullopt);
   });
@@ -299,20 +299,22 @@ std::vector<std::optional<c10::SmallVector<int64_t, 5>>> resizes(const CpuRun& r
 // Where `run` sizes a result otherwise than the Meta kernel did (PyTorch's
 // decomposition gives multilabel_margin_loss's unreduced loss of a 1-D input
 // the shape [1], the CPU kernel []), the CPU's size is the one the ipu's run
-// of that kernel gives: it is kept if a run over the other filler gives it
-// too, and dropped (the Meta kernel's stands) if the values may decide it.
+// of that kernel gives: `run` notes the Meta kernel's sizes it corrects if a
+// run over the other filler gives the same sizes (the values do not decide
+// them).
 void confirmResizes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                     const Extents& extents, int other_filler, const MetaResult& expected,
                     CpuRun& run) {
   const auto sizes = resizes(run, expected);
-  if (std::all_of(sizes.begin(), sizes.end(), [](const auto& s) { return !s.has_value(); })) {
+  if (std::none_of(sizes.begin(), sizes.end(), [](const auto& s) { return s.has_value(); })) {
     return;
   }
   const auto other = runOnStandIns(op, arguments, extents, other_filler);
   const auto* confirmed = std::get_if<CpuRun>(&other);
-  if (confirmed != nullptr && resizes(*confirmed, expected) == sizes) return;
-  forEachCorrectable(run, expected, [](std::optional<Layout>& cpu, const Layout& meta, bool) {
-    if (resizedOtherwise(cpu, meta)) cpu.reset();
+  if (confirmed == nullptr || resizes(*confirmed, expected) != sizes) return;
+  forEachCorrectable(run, expected, [&](const std::optional<Layout>& cpu, const Layout& meta, bool) {
+    run.resized_from.push_back(resizedOtherwise(cpu, meta) ? std::optional(meta.sizes)
+                                                           : std::nullopt);
   });
 }
 
@@ -359,9 +361,17 @@ std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
 }
 
 void adoptCpuLayouts(const CpuRun& cpu, MetaResult& result) {
-  forEachCorrectable(cpu, result, [](const std::optional<Layout>& from, Layout& to, bool written) {
+  size_t index = 0;
+  forEachCorrectable(cpu, result, [&](const std::optional<Layout>& from, Layout& to, bool written) {
+    const size_t at = index++;
     if (!from || !to.defined || from->dtype != to.dtype) return;
-    to.sizes = from->sizes;
+    if (from->sizes != to.sizes) {
+      // The run was made for the first call of this signature, whose floats
+      // may have sized the results otherwise (arange's end): only a size it
+      // found the Meta kernel to get wrong for the same sizes is corrected.
+      if (at >= cpu.resized_from.size() || cpu.resized_from[at] != to.sizes) return;
+      to.sizes = from->sizes;
+    }
     to.strides = from->strides;
     if (written) to.offset = from->offset;
   });

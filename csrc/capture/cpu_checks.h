@@ -33,10 +33,16 @@ namespace poptorch::capture {
 // tensors it wrote (empty for the others) as the kernel left them. And the
 // warnings the kernel gives at every call with such arguments (a resized
 // non-empty out= tensor, a deprecated behaviour).
+using Sizes = c10::SmallVector<int64_t, 5>;
+
 struct CpuRun {
   std::vector<std::vector<std::optional<Layout>>> returns;
   std::vector<std::vector<std::optional<Layout>>> written;
   std::vector<c10::Warning> warnings;
+  // Per fresh result and written tensor: the Meta kernel's sizes the CPU's
+  // correct, confirmed by a run over the other filler (nullopt where they
+  // agree or the values may decide). Empty when none differs.
+  std::vector<std::optional<Sizes>> resized_from;
 };
 
 // Throws the error `op`'s CPU kernel raises for `arguments` whatever their
@@ -58,8 +64,8 @@ std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
 // rule (torch._prims_common's empty_like), which differs from the CPU's for
 // dims of size 1 and empty tensors, and so does their out= resizing; the CPU's
 // strides decide whether a later view() works. A few size a result otherwise
-// than the CPU kernel, which the ipu runs (checkAsCpuKernel keeps such a size
-// only if the values do not decide it).
+// than the CPU kernel, which the ipu runs: those sizes are corrected where
+// `cpu.resized_from` says so.
 void adoptCpuLayouts(const CpuRun& cpu, MetaResult& result);
 
 }  // namespace poptorch::capture
