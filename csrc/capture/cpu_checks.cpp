@@ -33,13 +33,17 @@ constexpr size_t kMaxStandInBytes = size_t{16} << 20;
 
 // The values the stand-ins hold: every element zero, then every element one.
 // A check of the values that the real data passes almost always passes one of
-// them too (an index is in range, a divisor non-zero, a pivot in [1, n]).
+// them too (a divisor non-zero, a pivot in [1, n]). Integer index arguments
+// hold zero in both runs: it is in range of any dim that any index is in range
+// of, where one is not (a dim of size 1), and an error the op raises whatever
+// the values must come out of both runs alike to be raised at the call.
 constexpr int kFillers[] = {0, 1};
 
 // How much of an ipu storage the arguments view, and as what.
 struct Extent {
   size_t bytes = 0;                                  // up to the end of its furthest view
   at::ScalarType dtype = at::ScalarType::Undefined;  // of its first view
+  bool index = false;                                // viewed by an integer index argument
 };
 using Extents = absl::flat_hash_map<const c10::StorageImpl*, Extent>;
 
@@ -51,14 +55,20 @@ class StandIns {
  public:
   // The extents of the distinct ipu storages of `arguments`, or nullopt if
   // they are too large to run on, with the `result_bytes` the kernel makes.
-  static std::optional<Extents> measure(c10::ArrayRef<c10::IValue> arguments, size_t result_bytes) {
+  static std::optional<Extents> measure(const c10::FunctionSchema& schema,
+                                        c10::ArrayRef<c10::IValue> arguments,
+                                        size_t result_bytes) {
     Extents extents;
     size_t total = result_bytes;
-    for (const c10::IValue& value : arguments) {
-      forEachTensor(value, [&](const at::Tensor& t) {
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const bool index = isIndex(schema.arguments()[i]);
+      forEachTensor(arguments[i], [&](const at::Tensor& t) {
         if (!t.defined() || !t.is_ipu()) return;
         Extent& extent = extents[t.storage().unsafeGetStorageImpl()];
         if (extent.dtype == at::ScalarType::Undefined) extent.dtype = t.scalar_type();
+        // A bool mask keeps both fillers: all true is the one whose selection
+        // fits the values put.
+        extent.index |= index && c10::isIntegralType(t.scalar_type(), /*includeBool=*/false);
         const size_t end = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize(),
                                                             t.storage_offset());
         total += std::max(end, extent.bytes) - extent.bytes;
@@ -75,7 +85,7 @@ class StandIns {
       c10::Storage storage(c10::Storage::use_byte_size_t(), extent.bytes,
                            allocator->allocate(extent.bytes), allocator, /*resizable=*/true);
       if (extent.bytes > 0) std::memset(storage.mutable_data(), 0, extent.bytes);
-      if (filler != 0) {
+      if (filler != 0 && !extent.index) {
         const int64_t elements =
             static_cast<int64_t>(extent.bytes / c10::elementSize(extent.dtype));
         tensorOn(storage, c10::scalarTypeToTypeMeta(extent.dtype), {elements}, {1}, 0)
@@ -95,6 +105,12 @@ class StandIns {
   }
 
  private:
+  // The arguments PyTorch's schemas name as indices into another argument
+  // (gather, scatter, index_*, take, put, embedding, index_put, max_unpool).
+  static bool isIndex(const c10::Argument& argument) {
+    return argument.name() == "index" || argument.name() == "indices";
+  }
+
   static at::Tensor tensorOn(const c10::Storage& storage, caffe2::TypeMeta dtype,
                              c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
     auto impl = c10::make_intrusive<c10::TensorImpl>(
@@ -324,7 +340,8 @@ std::optional<CpuRun> checkAsCpuKernel(const c10::OperatorHandle& op,
                                        c10::ArrayRef<c10::IValue> arguments,
                                        const MetaResult& expected) {
   if (!checkable(op)) return std::nullopt;
-  const std::optional<Extents> extents = StandIns::measure(arguments, resultBytes(expected));
+  const std::optional<Extents> extents =
+      StandIns::measure(op.schema(), arguments, resultBytes(expected));
   if (!extents) {
     POPTORCH_LOG(kTrace) << op.operator_name()
                          << ": tensors too large to check as the CPU kernel at the call";

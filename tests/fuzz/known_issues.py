@@ -27,19 +27,7 @@ class KnownIssue:
     hits: Optional[Callable[[Line, Dict[str, Any]], bool]] = None
 
 
-KNOWN_ISSUES: Dict[str, KnownIssue] = {
-    "dtype_error_after_index_work": KnownIssue(
-        reason="scatter_reduce_(..., 'mean', include_self=False) of a bool tensor: the CPU "
-        "raises its NotImplementedError at the call; the ipu raises the same error at the "
-        "first read. Its CPU kernel first writes the reduction's identity at the indexed "
-        "places, which checks the indices, so the call-time run on stand-in values fails "
-        "differently for the two fillers (index out of range for one) and the error is taken "
-        "as depending on the values. Matched by the CPU's message, so include_self=True's "
-        "(raised at the call on the ipu too) is left out with it.",
-        test="test_scatter_reduce_mean_of_bools_raises_at_the_call",
-        ops=("scatter_:scatter_reduce_",),
-        cpu_raises=r"not implemented for 'Bool'"),
-}
+KNOWN_ISSUES: Dict[str, KnownIssue] = {}
 
 
 class Exclusions:
