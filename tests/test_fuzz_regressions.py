@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import poptorch
 from conftest import run_python
@@ -221,6 +222,18 @@ def test_index_reduce_mean_of_bools_raises_at_the_call():
         with pytest.raises(NotImplementedError, match="not implemented for 'Bool'"):
             t.index_reduce_(0, torch.tensor([0], device=dev),
                             torch.ones(1, 2, dtype=torch.bool, device=dev), "mean")
+
+
+@known_issue("reduced_loss_storage_size")
+def test_a_reduced_loss_has_the_cpus_storage_size():
+    # The fuzzer's losses (F.mse_loss(t0, rnd((2,), torch.float32)): storage_bytes cpu 8 ipu 4)
+    losses = (F.mse_loss, F.smooth_l1_loss,
+              lambda a, b: F.binary_cross_entropy(torch.sigmoid(a), torch.sigmoid(b)))
+    sizes = {}
+    for dev in DEVICES:
+        a = torch.arange(3.0, device=dev)
+        sizes[dev] = [loss(a, a.flip(0)).untyped_storage().nbytes() for loss in losses]
+    assert sizes["ipu"] == sizes["cpu"]
 
 
 def test_index_add_of_an_empty_source_adds_nothing():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Set, Union
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Set, Tuple, Union
 
 import torch
 
@@ -119,9 +119,14 @@ def _comparable(value: Any, dtype: Optional[torch.dtype]) -> Any:
     return torch.tensor(value, dtype=dtype)
 
 
-def _storage_key(t: torch.Tensor) -> Optional[int]:
+def _storage_key(t: torch.Tensor) -> Optional[Tuple[int, int]]:
+    """Which memory `t` is in: its storage and that storage's bytes (a resize moves them:
+    what a later line writes there is new). Only stored with its storage kept alive, so
+    that no later allocation can take the key: whether a value counts as undefined, which
+    decides what the generator emits, must not depend on the allocator's history (what
+    earlier tests of the process left)."""
     storage = t.untyped_storage()
-    return storage.data_ptr() if storage.nbytes() else None
+    return (storage._cdata, storage.data_ptr()) if storage.nbytes() else None
 
 
 class Run:
@@ -136,7 +141,8 @@ class Run:
         self.tensors: List[str] = []
         self.scalars: List[str] = []
         self.trace = Trace(device)
-        self._undefined_storages: Set[int] = set()
+        # The key of each storage holding undefined values, and the storage (kept alive).
+        self._undefined_storages: Dict[Tuple[int, int], torch.UntypedStorage] = {}
         self._undefined_scalars: Set[str] = set()
 
     def is_undefined(self, name: str) -> bool:
@@ -197,7 +203,7 @@ class Run:
             for name in (*line.writes, line.result):
                 value = self.ns.get(name) if name else None
                 if isinstance(value, torch.Tensor) and _storage_key(value) is not None:
-                    self._undefined_storages.add(_storage_key(value))
+                    self._undefined_storages[_storage_key(value)] = value.untyped_storage()
             if line.scalar is not None:
                 self._undefined_scalars.add(line.scalar)
         return undefined

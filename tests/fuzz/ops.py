@@ -1247,6 +1247,6 @@ def _branch(c: Chooser) -> Line:
 
 
 # The ops of the other modules register themselves into OPS.
-from . import ops_nn, ops_state  # noqa: E402,F401 pylint: disable=wrong-import-position
+from . import ops_more, ops_nn, ops_state  # noqa: E402,F401 pylint: disable=wrong-import-position
 
 OP_NAMES: Tuple[str, ...] = tuple(OPS)
