@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import poptorch
-from conftest import assert_same
+from conftest import assert_same, run_python
 
 
 def qkv(batch=2, heads=3, length=5, dim=8, seed=0):
@@ -78,3 +78,35 @@ def test_a_transformer_encoder_trains_like_the_cpu():
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=0)
     with torch.no_grad():
         assert_same(reference.eval()(x), ipu_model.eval()(x.to("ipu")), rtol=1e-4, atol=1e-5)
+
+
+def test_attention_without_dropout_leaves_the_default_generator_as_the_cpu_does():
+    # The kernel draws no random numbers, and takes no seed from the generator.
+    q, k, v = qkv()
+    draws = []
+    for device in ("cpu", "ipu"):
+        torch.manual_seed(0)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.to(device), k.to(device), v.to(device))
+        out.cpu()
+        draws.append(torch.randn(4))
+    assert torch.equal(draws[1], draws[0])
+
+
+def test_an_attention_model_runs_its_inference_micro_batches_on_both_lanes():
+    # A seeded op without a generator argument keeps its program on the calling
+    # thread; attention without dropout takes no seed.
+    code = """
+import torch, poptorch
+torch.manual_seed(0)
+layer = torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
+x = torch.randn(4 * 2, 5, 16)
+with torch.no_grad():
+    expected = torch.cat([layer(rows) for rows in x.split(2)])
+out = poptorch.inferenceModel(layer, poptorch.Options().deviceIterations(4))(x)
+torch.testing.assert_close(out, expected)
+print("ok")
+"""
+    result = run_python(code, env={"POPTORCH_LOG_LEVEL": "DEBUG"})
+    assert result.stdout.strip() == "ok", result.stderr
+    assert "the inference micro-batches run on two lanes" in result.stderr

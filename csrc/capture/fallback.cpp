@@ -8,6 +8,8 @@
 #include <ATen/native/CPUFallback.h>
 #include <torch/library.h>
 
+#include <optional>
+
 #include "capture/capture.h"
 #include "capture/default_dtype.h"
 #include "capture/meta_inference.h"
@@ -292,9 +294,21 @@ c10::IValue viewResult(const ReturnInfo& info, const std::vector<c10::Storage>& 
   return list;
 }
 
+// True for an attention op given no dropout: it draws no random numbers on the
+// CPU (the scaled_dot_product_attention kernels are tagged random for their
+// dropout_p alone).
+bool attentionWithoutDropout(const ir::Node& node, c10::ArrayRef<c10::IValue> arguments) {
+  const std::optional<int> p = node.op.schema().argumentIndexWithName("dropout_p");
+  return p && static_cast<size_t>(*p) < arguments.size() && arguments[*p].isDouble() &&
+         arguments[*p].toDouble() == 0.0;
+}
+
 // Random ops take their seed now, from the generator they would have used.
+// One that draws nothing takes none, as the CPU's generator gives none: a
+// seeded op without a generator argument draws from the default generator
+// at replay, which keeps its program on the calling thread (no inference lanes).
 void drawSeed(ir::Node& node, const OpTraits& traits, c10::ArrayRef<c10::IValue> arguments) {
-  if (!node.isNondeterministic()) return;
+  if (!node.isNondeterministic() || attentionWithoutDropout(node, arguments)) return;
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   node.generator_arg = traits.generator_arg;
   if (traits.generator_arg >= 0 && arguments[traits.generator_arg].isGenerator()) {
