@@ -65,6 +65,17 @@ def llama():
     return transformers.LlamaForCausalLM(config)
 
 
+def mixtral():
+    # A mixture of experts: each token routed to 2 of 4 experts (a histc of the
+    # routing, grouped matrix products).
+    config = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, max_position_embeddings=SEQ,
+                                        num_local_experts=4, num_experts_per_tok=2,
+                                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return transformers.MixtralForCausalLM(config)
+
+
 def t5():
     config = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2,
                                    num_heads=4, dropout_rate=0.0, decoder_start_token_id=0,
@@ -117,7 +128,7 @@ def batch(name, step, padded=False):
     mask = torch.ones(BATCH, SEQ, dtype=torch.long)
     if padded:
         mask[1:, -3:] = 0
-    if name in ("gpt2", "gpt_neo", "llama"):  # causal language models predict their inputs
+    if name in ("gpt2", "gpt_neo", "llama", "mixtral"):  # causal LMs predict their inputs
         labels = ids.clone()
     elif name == "t5":  # the decoder's target sequence
         labels = torch.randint(3, VOCAB, (BATCH, 6), generator=g)
@@ -126,10 +137,10 @@ def batch(name, step, padded=False):
     return {"input_ids": ids, "attention_mask": mask}, labels
 
 
-MODELS = {f.__name__: f for f in (bert, distilbert, roberta, gpt2, gpt_neo, llama, t5, whisper,
-                                  vit)}
+MODELS = {f.__name__: f for f in (bert, distilbert, roberta, gpt2, gpt_neo, llama, mixtral, t5,
+                                  whisper, vit)}
 # Models whose attention takes a padding mask: some batches are padded.
-PADDED = {"bert", "distilbert", "roberta", "gpt2", "gpt_neo", "llama", "t5"}
+PADDED = {"bert", "distilbert", "roberta", "gpt2", "gpt_neo", "llama", "mixtral", "t5"}
 
 
 def model_and_cpu_copy(name):

@@ -521,12 +521,17 @@ TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("_to_copy", TORCH_FN(toCopy)); }
 // ldexp, whose generic kernel (its only one) calls a per-device-type kernel
 // (std::ldexp) for the CPU and CUDA and else multiplies by 2 ** other computed
 // in the input's dtype: a float16 input underflowed or overflowed where the
-// CPU's did not (2 ** -25, 2 ** 20).
+// CPU's did not (2 ** -25, 2 ** 20). _grouped_mm's generic kernel (its only
+// one) copies the group offsets to the host to multiply group by group: on the
+// ipu a value read on the host, which specialised a wrapped mixture-of-experts
+// model's step on each batch's routing (a new variant per batch); its output's
+// shape depends on no value, so it captures whole (in lazy mode bfloat16 only:
+// PyTorch's Meta kernel refuses the CPU's float32, which then runs on the host).
 namespace {
 bool genericKernelDispatchesByDevice(const c10::OperatorName& name) {
   if (name.name == "aten::convolution" || name.name == "aten::convolution_backward" ||
       name.name == "aten::ldexp" || name.name == "aten::ldexp_" ||
-      name.name == "aten::conj_physical_") {
+      name.name == "aten::conj_physical_" || name.name == "aten::_grouped_mm") {
     return true;
   }
   return name.name == "aten::mode" &&
