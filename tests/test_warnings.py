@@ -74,6 +74,19 @@ def test_warnings_come_at_the_call_as_on_the_cpu(name):
     assert ipu_sync == []
 
 
+def test_cholesky_into_a_non_empty_out_warns_of_the_resize_at_each_call():
+    # torch.cholesky's CPU kernel resizes out after the factorisation, which no stand-in gets
+    # through: the resize's warning comes at every call all the same. Its deprecation warning
+    # comes once per process: given here first.
+    _record(lambda: torch.cholesky(_positive_definite("cpu"), out=torch.empty(0)))
+    case = lambda d: lambda: torch.cholesky(_positive_definite(d), out=torch.ones(2, 2, device=d))
+    cpu_calls, _ = _calls_then_sync(case, "cpu")
+    ipu_calls, ipu_sync = _calls_then_sync(case, "ipu")
+    assert len(cpu_calls) == 2 and "was resized" in cpu_calls[0][1]
+    assert ipu_calls == cpu_calls
+    assert ipu_sync == []
+
+
 def _unpool(device):
     x = torch.arange(16.0, device=device).reshape(1, 1, 4, 4)
     pooled, indices = F.max_pool2d(x, 2, return_indices=True)
