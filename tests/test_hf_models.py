@@ -56,23 +56,21 @@ def gpt_neo():
     return transformers.GPTNeoForCausalLM(config)
 
 
+# The Llama-style decoders' common size: grouped-query attention (2 key-value
+# heads for 4), rotary positions, RMSNorm.
+LLAMA_SIZE = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
 def llama():
-    # Rotary positions, grouped-query attention (2 key-value heads for 4), RMSNorm.
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=SEQ,
-                                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    return transformers.LlamaForCausalLM(config)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA_SIZE))
 
 
 def mixtral():
     # A mixture of experts: each token routed to 2 of 4 experts (a histc of the
     # routing, grouped matrix products).
-    config = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                                        num_hidden_layers=2, num_attention_heads=4,
-                                        num_key_value_heads=2, max_position_embeddings=SEQ,
-                                        num_local_experts=4, num_experts_per_tok=2,
-                                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config = transformers.MixtralConfig(**LLAMA_SIZE, num_local_experts=4, num_experts_per_tok=2)
     return transformers.MixtralForCausalLM(config)
 
 
