@@ -224,15 +224,18 @@ def test_index_reduce_mean_of_bools_raises_at_the_call():
                             torch.ones(1, 2, dtype=torch.bool, device=dev), "mean")
 
 
-@known_issue("reduced_loss_storage_size")
-def test_a_reduced_loss_has_the_cpus_storage_size():
-    # The fuzzer's losses (F.mse_loss(t0, rnd((2,), torch.float32)): storage_bytes cpu 8 ipu 4)
-    losses = (F.mse_loss, F.smooth_l1_loss,
-              lambda a, b: F.binary_cross_entropy(torch.sigmoid(a), torch.sigmoid(b)))
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_reduced_loss_has_the_cpus_storage_size(reduction):
+    # The fuzzer's losses (F.mse_loss(t0, rnd((2,), torch.float32)): storage_bytes cpu 8 ipu 4).
+    # The CPU reduces mse/smooth_l1/bce into a result it made the unreduced loss's size.
+    losses = (F.mse_loss, F.smooth_l1_loss, F.huber_loss, F.l1_loss,
+              lambda a, b, **kw: F.binary_cross_entropy(torch.sigmoid(a), torch.sigmoid(b), **kw))
     sizes = {}
     for dev in DEVICES:
         a = torch.arange(3.0, device=dev)
-        sizes[dev] = [loss(a, a.flip(0)).untyped_storage().nbytes() for loss in losses]
+        sizes[dev] = [
+            loss(a, a.flip(0), reduction=reduction).untyped_storage().nbytes() for loss in losses
+        ]
     assert sizes["ipu"] == sizes["cpu"]
 
 

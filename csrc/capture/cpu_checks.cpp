@@ -97,6 +97,11 @@ class StandIns {
     }
   }
 
+  bool holds(const c10::Storage& storage) const {
+    return std::any_of(storages_.begin(), storages_.end(),
+                       [&](const auto& entry) { return entry.second.is_alias_of(storage); });
+  }
+
   c10::IValue convert(const c10::IValue& value) {
     return mapTensors(value, [this](const at::Tensor& t) {
       if (!t.defined() || !t.is_ipu()) return t;  // host scalars take part as they are
@@ -180,17 +185,24 @@ struct Raised {
   bool same(const Raised& other) const { return *type == *other.type && message == other.message; }
 };
 
-std::optional<Layout> denseLayout(const at::Tensor& t) {
+// The layout of a result the kernel made, with its storage's size.
+std::optional<Layout> denseLayout(const at::Tensor& t, const StandIns& stand_ins) {
   if (!t.defined() || !t.is_non_overlapping_and_dense()) return std::nullopt;
-  return layoutOf(t);
+  Layout layout = layoutOf(t);
+  if (!stand_ins.holds(t.storage())) {
+    layout.storage_nbytes = static_cast<int64_t>(t.storage().nbytes());
+  }
+  return layout;
 }
 
 // The layouts of a run's results (on `stack`) and of its written arguments.
-CpuRun layoutsAfter(const torch::jit::Stack& stack, const std::vector<c10::IValue>& written) {
+CpuRun layoutsAfter(const torch::jit::Stack& stack, const std::vector<c10::IValue>& written,
+                    const StandIns& stand_ins) {
   CpuRun layouts;
   for (const c10::IValue& value : stack) {
     std::vector<std::optional<Layout>>& tensors = layouts.returns.emplace_back();
-    forEachTensor(value, [&](const at::Tensor& t) { tensors.push_back(denseLayout(t)); });
+    forEachTensor(value,
+                  [&](const at::Tensor& t) { tensors.push_back(denseLayout(t, stand_ins)); });
   }
   layouts.written.resize(written.size());
   for (size_t i = 0; i < written.size(); ++i) {
@@ -231,7 +243,7 @@ std::variant<Raised, CpuRun> runOnStandIns(const c10::OperatorHandle& op,
     std::optional<DefaultGeneratorBorrowed> default_generator;
     if (draws_from_default) default_generator.emplace();
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
-    CpuRun run = layoutsAfter(stack, written);
+    CpuRun run = layoutsAfter(stack, written, stand_ins);
     run.warnings = recorded.warnings();
     return run;
   } catch (const c10::Error& error) {
@@ -422,7 +434,11 @@ void adoptCpuLayouts(const CpuRun& cpu, MetaResult& result) {
       to.sizes = from->sizes;
     }
     to.strides = from->strides;
-    if (written) to.offset = from->offset;
+    if (written) {
+      to.offset = from->offset;
+    } else {
+      to.storage_nbytes = from->storage_nbytes;
+    }
   });
 }
 

@@ -260,12 +260,16 @@ ir::Arg makeArg(const ArgTraits& argument, const c10::IValue& value, ir::Node& n
 }
 
 // The result for one return the schema says is fresh: new lazy ipu tensors
-// with the layout the Meta kernel inferred.
+// with the layout the Meta kernel inferred (and the CPU's storage size).
 c10::IValue freshResult(const ReturnInfo& info, int device, ir::Node& node, PendingGraph& pending) {
   auto make = [&](const Layout& layout) -> at::Tensor {
     if (!layout.defined) return at::Tensor();
     at::Tensor result =
         device::emptyIpuTensor(layout.sizes, layout.strides, layout.dtype, device, layout.offset);
+    if (layout.storage_nbytes > 0) {
+      device::growStorage(*result.storage().unsafeGetStorageImpl(),
+                          static_cast<size_t>(layout.storage_nbytes));
+    }
     node.outputs.push_back(pending.refOfResult(result));
     return result;
   };

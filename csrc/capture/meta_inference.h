@@ -27,6 +27,11 @@ struct Layout {
   // A view of a conjugate (or negative) view keeps the bit, as on the CPU.
   bool conj = false;
   bool neg = false;
+  // A fresh result's storage bytes where the CPU kernel leaves more than the
+  // layout needs (it made the result the unreduced loss's size, then reduced
+  // into it: mse_loss), so that the ipu's result has the CPU's storage size;
+  // 0 for what the layout needs.
+  int64_t storage_nbytes = 0;
 
   bool operator==(const Layout& other) const = default;
 };

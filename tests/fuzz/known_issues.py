@@ -27,22 +27,7 @@ class KnownIssue:
     hits: Optional[Callable[[Line, Dict[str, Any]], bool]] = None
 
 
-# The losses whose CPU kernel reduces into a result it made the size of the unreduced loss.
-_LOSSES_REDUCED_IN_PLACE = ("loss:mse_loss", "loss:smooth_l1_loss", "loss:binary_cross_entropy")
-
-KNOWN_ISSUES: Dict[str, KnownIssue] = {
-    "reduced_loss_storage_size": KnownIssue(
-        reason="mse_loss, smooth_l1_loss and binary_cross_entropy with reduction 'mean' or "
-        "'sum': the CPU's 0-dim result sits in a storage of the unreduced loss's size (its "
-        "kernel makes the result like the input, then reduces into it); the ipu's storage "
-        "holds the one element. Values, shapes and strides agree. Capture gives a fresh "
-        "result the storage its layout needs; the CPU's storage size would have to come from "
-        "the call-time check",
-        test="test_a_reduced_loss_has_the_cpus_storage_size",
-        ops=("loss:",),
-        hits=lambda line, ns: line.op in _LOSSES_REDUCED_IN_PLACE and
-        "reduction='none'" not in line.code),
-}
+KNOWN_ISSUES: Dict[str, KnownIssue] = {}
 
 
 class Exclusions:

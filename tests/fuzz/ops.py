@@ -84,6 +84,14 @@ def is_int(t: torch.Tensor) -> bool:
     return not t.dtype.is_floating_point and t.dtype != torch.bool
 
 
+def _satisfies(where: Callable[[torch.Tensor], bool], t: torch.Tensor) -> bool:
+    # A view made in inference mode whose base was written since refuses even `.is_leaf`.
+    try:
+        return where(t)
+    except RuntimeError:
+        return False
+
+
 class Chooser:
     """The choices of one step, from its seed; seed 0 makes every first choice."""
 
@@ -110,7 +118,7 @@ class Chooser:
 
     def tensor(self, where: Callable[[torch.Tensor], bool] = lambda t: True) -> str:
         """A live tensor satisfying `where`, counted back from the newest."""
-        candidates = [n for n in self._tensors if where(self.ns[n])]
+        candidates = [n for n in self._tensors if _satisfies(where, self.ns[n])]
         if not candidates:
             raise Skip
         name = candidates[-1 - self.int(0, 7) % len(candidates)]
@@ -119,7 +127,7 @@ class Chooser:
 
     def has(self, where: Callable[[torch.Tensor], bool]) -> bool:
         """Whether a live tensor satisfies `where` (choosing nothing)."""
-        return any(where(self.ns[n]) for n in self._tensors)
+        return any(_satisfies(where, self.ns[n]) for n in self._tensors)
 
     def t(self, name: str) -> torch.Tensor:
         return self.ns[name]
