@@ -18,7 +18,7 @@ import collections
 import inspect
 import logging
 import weakref
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
@@ -336,20 +336,35 @@ class DeviceOptimizer:
         return float(self.groups[group_index][1].get("velocity_scaling", 1.0))
 
     def torch_layout(self, state: Dict[Any, Dict[str, Any]]) -> Dict[Any, Dict[str, Any]]:
-        """``state`` (a state dict's, by parameter index) with torch's momentum
-        buffers, so that a checkpoint loads into torch.optim.SGD: the device
-        holds the combined variant's velocity times its velocity scaling."""
+        """``state`` (a state dict's, by parameter index, the live tensors) as torch
+        holds it (``_torch_entry``), so that a checkpoint loads into torch's optimiser."""
         index = 0
         for group_index, group in enumerate(self.optimizer.param_groups):
-            scaling = self._velocity_scaling(group_index)
             for _ in group["params"]:
-                saved = state.get(index)
-                if scaling != 1 and saved and "momentum_buffer" in saved:
-                    # A new dict: the state dict's are the optimiser's own.
-                    state[index] = {**saved,
-                                    "momentum_buffer": saved["momentum_buffer"] / scaling}
+                if state.get(index):
+                    entry = self._torch_entry(group_index, state[index], copy=False)
+                    if entry is None:
+                        del state[index]
+                    else:
+                        state[index] = entry  # a new dict: the state dict's are the optimiser's
                 index += 1
         return state
+
+    def _torch_entry(self, group_index: int, entry: Dict[str, Any],
+                     copy: bool) -> Optional[Dict[str, Any]]:
+        """A parameter's state ``entry`` on the device as torch holds it (None for
+        none): the device holds the combined SGD variant's velocity times its velocity
+        scaling, and for SGD a momentum buffer whatever the momentum (it may change)
+        and a step; torch's SGD holds no step (a momentum buffer means it has started,
+        which loading restores) and no state at all without momentum. ``copy``: copies
+        of the tensors, not the live ones."""
+        if self.algorithm == "sgd":
+            if not self.optimizer.param_groups[group_index]["momentum"]:
+                return None
+            entry = {name: t for name, t in entry.items() if name != "step"}
+        scaling = self._velocity_scaling(group_index)
+        return {name: t / scaling if name == "momentum_buffer" and scaling != 1
+                else (t.clone() if copy else t) for name, t in entry.items()}
 
     def _attach(self, optimizer: torch.optim.Optimizer) -> None:
         """Starts from ``optimizer``'s state (when it has one), then makes it
@@ -370,16 +385,24 @@ class DeviceOptimizer:
                        optimizer.register_load_state_dict_post_hook(reload)]
         _OWNERS[optimizer] = weakref.ref(self)
 
-    def _load(self, optimizer: torch.optim.Optimizer) -> None:
+    def _load(self, optimizer: torch.optim.Optimizer, restart: bool = False) -> None:
         """Copies the host optimiser's state to the device, then makes the
-        host state alias it."""
+        host state alias it. ``restart``: what the host state lacks restarts
+        from the initial state (a loaded state dict replaces the whole state,
+        as in torch), not from the device's."""
         # The initial state first: the copies are then uploads, not nodes of
         # its graph, which stays the same whatever was loaded (a precompiled
         # model finds its executable).
         _C.synchronize()
+        groups = {id(host): group for group in optimizer.param_groups for host in group["params"]}
         with torch.no_grad():
             for index, (host, device_state, scaling) in enumerate(
                     self._host_parameters(optimizer)):
+                if restart:
+                    initial = rules.initial_state(self.algorithm, self._device_params[id(host)],
+                                                  optimizer, groups[id(host)])
+                    for name, value in device_state.items():
+                        value.copy_(initial[name])
                 saved = optimizer.state.get(host)
                 if saved:
                     for name, value in rules.state_from_torch(
@@ -394,7 +417,7 @@ class DeviceOptimizer:
     def _reload(self, optimizer: torch.optim.Optimizer) -> None:
         """After ``optimizer.load_state_dict``: its state and hyper-parameters
         go to the device, then the loaded ``ipu_state`` / ``ipu_param``."""
-        self._load(optimizer)
+        self._load(optimizer, restart=True)
         self.set_values(optimizer)
         self._write_loaded_ipu_state(optimizer)
 
@@ -441,16 +464,20 @@ class DeviceOptimizer:
 
     def torch_state(self) -> Dict[Any, Dict[str, Any]]:
         """The host optimiser's ``state`` with copies of the device's, in
-        torch's layout (momentum buffers divided by their velocity scaling);
-        parameters the device never updated have none, as in torch."""
+        torch's layout (``_torch_entry``); parameters the device never updated
+        have none, as in torch."""
         _C.synchronize()
         state = collections.defaultdict(dict, self.optimizer.state)
-        for host, _, scaling in self._host_parameters(self.optimizer):
-            aliases = state.pop(host, {})
-            if aliases and not rules.is_unstarted(aliases):
-                state[host] = {
-                    name: t / scaling if name == "momentum_buffer" and scaling != 1 else t.clone()
-                    for name, t in aliases.items()}
+        on_device = {id(host) for host, _, _ in self._host_parameters(self.optimizer)}
+        for group_index, group in enumerate(self.optimizer.param_groups):
+            for host in group["params"]:
+                if id(host) not in on_device:
+                    continue
+                aliases = state.pop(host, {})
+                if aliases and not rules.is_unstarted(aliases):
+                    entry = self._torch_entry(group_index, aliases, copy=True)
+                    if entry is not None:
+                        state[host] = entry
         return state
 
 
