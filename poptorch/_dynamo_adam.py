@@ -17,9 +17,11 @@ Every parameter's chain with the same hyperparameters becomes one call of
 PyTorch's own fused kernel, ``torch._fused_adam_`` (what ``Adam(fused=True)``
 runs on the CPU: one pass per parameter), after one ``_foreach_add_`` of the
 steps. AdamW's decay (``param.mul_(1 - lr * wd)``) becomes the kernel's
-AdamW form (``torch._fused_adamw_``), which decays in the same pass; Adam's L2
-term and ``maximize`` change the gradient before the chain and stay as traced;
-``amsgrad`` and tensor hyperparameters trace other ops and are left alone.
+AdamW form (``torch._fused_adamw_``), which decays in the same pass; the
+gradient's changes before the chain, ``maximize``'s ``-grad`` and Adam's L2
+term ``grad.add(param, alpha=weight_decay)``, are the kernel's ``maximize``
+and ``weight_decay``, applied in the same order in its pass; ``amsgrad`` and
+tensor hyperparameters trace other ops and are left alone.
 The values are the CPU fused kernel's, within rounding of the traced rule's.
 
 The ``step`` tensors of ``torch.optim`` live on the CPU unless the optimiser is
@@ -164,6 +166,28 @@ def _decoupled_decay(chain: _Chain) -> None:
     chain.hyper["weight_decay"] = (1.0 - float(decays[0].args[1])) / chain.hyper["lr"]
 
 
+def _gradient_changes(chain: _Chain) -> None:
+    """Takes the gradient's changes before the moments into the chain, as the
+    fused kernel's options: Adam's L2 term ``grad.add(param, alpha=wd)`` (not
+    with AdamW's decay: the kernel has one weight decay), then ``maximize``'s
+    negation, ``-grad``. Only nodes the chain alone uses are taken."""
+    grad = chain.tensors["grad"]
+    l2 = grad if isinstance(grad, torch.fx.Node) else None
+    if (l2 is not None and "weight_decay" not in chain.hyper and l2.op == "call_method" and
+            l2.target == "add" and len(l2.args) == 2 and l2.args[1] is chain.tensors["param"] and
+            list(l2.kwargs) == ["alpha"] and _number(l2.kwargs["alpha"]) and
+            l2.kwargs["alpha"] != 0 and len(l2.users) == 2):  # the lerp_ and the square
+        chain.take(l2)
+        chain.hyper["l2_weight_decay"] = float(l2.kwargs["alpha"])
+        grad = l2.args[0]
+    negated = (_function(grad, operator.neg, 1) or _method(grad, "neg", 1))
+    if negated is not None and len(grad.users) == (1 if "l2_weight_decay" in chain.hyper else 2):
+        chain.take(grad)
+        chain.hyper["maximize"] = True
+        grad = negated[0]
+    chain.tensors["grad"] = grad
+
+
 def _chain_at(addcdiv: torch.fx.Node) -> Optional[_Chain]:
     """The chain that ends in ``param.addcdiv_(exp_avg, denom)``, or None."""
     args = _method(addcdiv, "addcdiv_", 3)
@@ -176,6 +200,7 @@ def _chain_at(addcdiv: torch.fx.Node) -> Optional[_Chain]:
     if not (_scalar_part(chain, denom) and _moments(chain)):
         return None
     _decoupled_decay(chain)
+    _gradient_changes(chain)
     values = {name: _tensor_value(node) for name, node in chain.tensors.items()}
     p = values["param"]
     if not (all(v is not None for v in values.values()) and p.device.type == "ipu" and
@@ -189,35 +214,40 @@ def _chain_at(addcdiv: torch.fx.Node) -> Optional[_Chain]:
 def adam_update(params: List[torch.Tensor], grads: List[torch.Tensor],
                 exp_avgs: List[torch.Tensor], exp_avg_sqs: List[torch.Tensor],
                 steps: List[torch.Tensor], lr: float, beta1: float, beta2: float,
-                eps: float, weight_decay: float = 0.0) -> None:
+                eps: float, weight_decay: float = 0.0, l2_weight_decay: float = 0.0,
+                maximize: bool = False) -> None:
     """The update the fused graph calls: the traced rule's step increment,
     then PyTorch's fused kernel on the parameters' device (its AdamW form for
-    a decoupled ``weight_decay``)."""
+    a decoupled ``weight_decay``, its Adam form with ``l2_weight_decay``)."""
     torch._foreach_add_(steps, 1)
     device = params[0].device
     if any(s.device != device for s in steps):
         steps = list(_uploaded(steps, device).unbind())
     _fused_kernel(params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2,
-                  eps=eps, weight_decay=weight_decay)
+                  eps=eps, weight_decay=weight_decay, l2_weight_decay=l2_weight_decay,
+                  maximize=maximize)
 
 
 def adam_update_of_steps(params: List[torch.Tensor], grads: List[torch.Tensor],
                          exp_avgs: List[torch.Tensor], exp_avg_sqs: List[torch.Tensor],
                          steps: torch.Tensor, lr: float, beta1: float, beta2: float,
-                         eps: float, weight_decay: float = 0.0) -> None:
+                         eps: float, weight_decay: float = 0.0, l2_weight_decay: float = 0.0,
+                         maximize: bool = False) -> None:
     """``adam_update`` with the steps already counted, on the device, one per
     parameter in ``steps`` (``HostSteps`` gives it)."""
     _fused_kernel(params, grads, exp_avgs, exp_avg_sqs, list(steps.unbind()), lr=lr,
-                  beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+                  beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                  l2_weight_decay=l2_weight_decay, maximize=maximize)
 
 
 def _fused_kernel(params: List[torch.Tensor], grads: List[torch.Tensor],
                   exp_avgs: List[torch.Tensor], exp_avg_sqs: List[torch.Tensor],
                   steps: List[torch.Tensor], lr: float, beta1: float, beta2: float, eps: float,
-                  weight_decay: float) -> None:
+                  weight_decay: float, l2_weight_decay: float, maximize: bool) -> None:
     kernel = torch._fused_adamw_ if weight_decay else torch._fused_adam_
     kernel(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=beta1, beta2=beta2,
-           weight_decay=weight_decay, eps=eps, amsgrad=False, maximize=False)
+           weight_decay=weight_decay or l2_weight_decay, eps=eps, amsgrad=False,
+           maximize=maximize)
 
 
 def _uploaded(steps: List[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -330,7 +360,8 @@ def fuse_adam(gm: torch.fx.GraphModule) -> int:
         with gm.graph.inserting_after(chains[-1].nodes[0]):
             gm.graph.call_function(adam_update, tuple(lists),
                                    {name: hyper[name] for name in (
-                                       "lr", "beta1", "beta2", "eps", "weight_decay")
+                                       "lr", "beta1", "beta2", "eps", "weight_decay",
+                                       "l2_weight_decay", "maximize")
                                     if name in hyper})
         ordered = sorted({n for c in chains for n in c.nodes}, key=position.__getitem__,
                          reverse=True)

@@ -32,6 +32,8 @@ RULES = {
     "adam_lr_betas_eps": (torch.optim.Adam, {"lr": 0.003, "betas": (0.8, 0.99), "eps": 1e-6}, 4),
     "adam_l2": (torch.optim.Adam, {"weight_decay": 0.01}, 4),
     "adam_maximize": (torch.optim.Adam, {"maximize": True}, 4),
+    "adam_l2_maximize": (torch.optim.Adam, {"weight_decay": 0.01, "maximize": True}, 4),
+    "adamw_maximize": (torch.optim.AdamW, {"weight_decay": 0.1, "maximize": True}, 4),
     "adamw": (torch.optim.AdamW, {}, 4),
     "adamw_decay": (torch.optim.AdamW, {"weight_decay": 0.1}, 4),
     "adam_amsgrad": (torch.optim.Adam, {"amsgrad": True}, 0),  # keeps a maximum
@@ -86,9 +88,9 @@ def test_adam_replays_the_fused_update(steps_on, fused):
     assert fused[-1] == 2, fused
 
 
-def test_adamw_decays_the_parameters_in_the_fused_kernel(monkeypatch):
-    """AdamW's ``param.mul_(1 - lr * weight_decay)`` runs in the fused kernel's
-    AdamW form (no pass of its own), with the CPU's values."""
+def _fused_updates(monkeypatch, make_optimizer) -> List[torch.fx.Node]:
+    """The ``adam_update`` nodes of the optimiser graphs of a compiled training
+    run beside the CPU's (which checks the values)."""
     graphs = []
     fuse = _dynamo_backend.fuse_adam
 
@@ -97,12 +99,33 @@ def test_adamw_decays_the_parameters_in_the_fused_kernel(monkeypatch):
         return fuse(gm)
 
     monkeypatch.setattr(_dynamo_backend, "fuse_adam", fuse_and_keep)
-    compiled_training_beside_the_cpu(
-        lambda parameters: torch.optim.AdamW(parameters, lr=0.02, weight_decay=0.1), steps=5)
+    compiled_training_beside_the_cpu(make_optimizer, steps=5)
     updates = [n for gm in graphs for n in gm.graph.nodes if n.target is _dynamo_adam.adam_update]
     assert updates, "no optimiser graph was fused"
+    return updates
+
+
+def test_adamw_decays_the_parameters_in_the_fused_kernel(monkeypatch):
+    """AdamW's ``param.mul_(1 - lr * weight_decay)`` runs in the fused kernel's
+    AdamW form (no pass of its own), with the CPU's values."""
+    updates = _fused_updates(
+        monkeypatch, lambda parameters: torch.optim.AdamW(parameters, lr=0.02, weight_decay=0.1))
     for update in updates:
         assert update.kwargs["weight_decay"] == pytest.approx(0.1), update.kwargs
         graph = update.graph
         assert not [n for n in graph.nodes if n.op == "call_method" and n.target == "mul_"
                     and n.args[0] in update.args[0]], graph
+
+
+def test_adam_l2_and_maximize_change_the_gradient_in_the_fused_kernel(monkeypatch):
+    """Adam's ``-grad`` (``maximize``) and L2 term ``grad.add(param, alpha=wd)``
+    run in the fused kernel (no pass of their own), with the CPU's values:
+    the update reads the gradients dynamo's graph was given."""
+    updates = _fused_updates(
+        monkeypatch,
+        lambda parameters: torch.optim.Adam(parameters, lr=0.02, weight_decay=0.1, maximize=True))
+    for update in updates:
+        assert update.kwargs["l2_weight_decay"] == pytest.approx(0.1), update.kwargs
+        assert update.kwargs["maximize"] is True, update.kwargs
+        assert "weight_decay" not in update.kwargs, update.kwargs
+        assert all(g.op == "placeholder" for g in update.args[1]), update.graph
