@@ -29,7 +29,8 @@ from . import profiling
 from ._compile_hooks import registerPostCompileHook, registerPreCompileHook
 from ._data_accessor import AsynchronousDataAccessor
 from ._dataloader import DataLoader
-from ._errors import Error, RecoverableError, UnrecoverableError
+from ._errors import (Error, RecoverableError, UnrecoverableError, UnsupportedError,
+                      ValueCompatibleError)
 from ._executor import PoplarExecutor, inferenceModel, trainingModel
 from ._inputs import ICustomArgParser, registerCustomArgParser
 from ._logging import logger, setLogLevel
@@ -93,8 +94,9 @@ def set_executable_cache_size(size: int) -> None:
     """Keeps at most ``size`` compiled executables in memory, evicting the least
     recently used (0 keeps none). The default is ``POPTORCH_EXECUTABLE_CACHE_SIZE``,
     or 256. Models already wrapped keep their executables when they are evicted."""
-    if size < 0:
-        raise ValueError(f"the executable cache size must be at least 0, got {size}")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueCompatibleError("set_executable_cache_size takes a number of executables, "
+                                   f"an integer of at least 0, got {size!r}")
     _C.set_executable_cache_capacity(size)
 
 
@@ -125,7 +127,7 @@ def ipuHardwareVersion() -> int:
 __all__ = [
     "AsynchronousDataAccessor", "DataLoader", "autocast", "autocasting", "Error",
     "ICustomArgParser", "Options", "PoplarExecutor", "RecoverableError",
-    "TensorLocationSettings", "UnrecoverableError", "enums", "identity_loss", "inferenceModel",
+    "TensorLocationSettings", "UnrecoverableError", "UnsupportedError", "enums", "identity_loss", "inferenceModel",
     "ipuHardwareIsAvailable", "ipuHardwareVersion", "isRunningOnIpu", "load", "logger",
     "metrics", "module_repr", "optim", "profiling", "registerCustomArgParser",
     "registerPostCompileHook",

@@ -53,7 +53,9 @@ def device(device: _DeviceLike) -> Iterator[None]:
 
 
 def synchronize(device: _DeviceLike = None) -> None:
-    """Runs every pending ipu operation (all IPUs share one queue)."""
+    """Runs every pending ipu operation (all IPUs share one queue); ``device``
+    must name an ipu, as CUDA's must name a GPU."""
+    _index(device)
     _C.synchronize()
 
 

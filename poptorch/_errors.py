@@ -37,15 +37,29 @@ class AssertionCompatibleError(Error, AssertionError):
 
 class ValueCompatibleError(Error, ValueError):
     """Bad input that PopTorch reports with a ``ValueError`` (an optimiser
-    ``setOptimizer`` cannot apply to the compiled model): a ``poptorch.Error``
-    that is also a ``ValueError``, so code written for PopTorch that catches
-    ``ValueError`` still catches it."""
+    ``setOptimizer`` cannot apply to the compiled model, a bad
+    ``set_executable_cache_size``): a ``poptorch.Error`` that is also a
+    ``ValueError``, so code written for PopTorch that catches ``ValueError``
+    still catches it."""
+
+
+class AttributeCompatibleError(Error, AttributeError):
+    """An assignment to an attribute of ``poptorch.Options`` (options are set
+    with their setter methods): a ``poptorch.Error`` that is also the
+    ``AttributeError`` Python raises for a read-only attribute."""
 
 
 class TypeCompatibleError(Error, TypeError):
     """A call of a wrapped model whose arguments do not fit its ``forward``:
     PopTorch raises ``poptorch.Error``, the CPU model Python's ``TypeError``;
     this is both, so code written for either catches it."""
+
+
+class UnsupportedError(Error, NotImplementedError):
+    """What the ipu cannot hold (a strided nested tensor made with
+    ``device="ipu"``), refused at the call with what to do instead: a
+    ``poptorch.Error`` that is also the ``NotImplementedError`` PyTorch raises
+    for a kernel it lacks, so code written for either catches it."""
 
 
 class RecoverableError(Error):

@@ -247,6 +247,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         (``lr`` always) change without recompiling; changing a constant is an error."""
         if not self._training:
             raise Error("setOptimizer: an inference model has no optimiser")
+        _check_optimizer("setOptimizer", optimizer)
         if self._device_optimizer is not None:
             check_compiled_strategy(self._options, optimizer)
             self._device_optimizer.set_values(optimizer)
@@ -622,8 +623,13 @@ def _check_wrapper_arguments(options: Any, optimizer: Any, training: bool) -> No
         raise Error(f"{wrapper}: options must be a poptorch.Options (or None), got "
                     f"{type(options).__name__}: make one with poptorch.Options() and its "
                     "setters (e.g. poptorch.Options().deviceIterations(4))")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise Error(f"trainingModel: optimizer must be a torch.optim.Optimizer (a "
+    if optimizer is not None:
+        _check_optimizer("trainingModel", optimizer)
+
+
+def _check_optimizer(caller: str, optimizer: Any) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise Error(f"{caller}: optimizer must be a torch.optim.Optimizer (a "
                     f"poptorch.optim or torch.optim one), got {type(optimizer).__name__}")
 
 

@@ -88,6 +88,10 @@ def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
     (``"sum"``, ``"mean"`` or ``"none"``). The gradient of ones flows back from it."""
     if reduction not in _REDUCTIONS:
         raise Error(f"identity_loss: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    if not isinstance(x, torch.Tensor):
+        raise Error(f"identity_loss takes the loss as a tensor computed from the model's "
+                    f"outputs, got {type(x).__name__} {x!r}: a number has no gradient to "
+                    "train with")
     loss = x.sum() if reduction == "sum" else x.mean() if reduction == "mean" else x
     recorder: Optional[LossRecorder] = getattr(_local, "recorder", None)
     if recorder is not None:

@@ -19,11 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._errors import Error
-
-
-class NestedTensorError(Error, NotImplementedError):
-    """A strided nested tensor on the ipu: use ``layout=torch.jagged``."""
+from ._errors import UnsupportedError
 
 
 def _checked(constructor: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -37,7 +33,7 @@ def _checked(constructor: Callable[..., torch.Tensor]) -> Callable[..., torch.Te
         device = bound.get("device")
         if (device is not None and torch.device(device).type == "ipu"
                 and bound.get("layout") in (None, torch.strided)):
-            raise NestedTensorError(
+            raise UnsupportedError(
                 f"{name}: nested tensors of the strided layout are not supported on the ipu; "
                 f"make them with layout=torch.jagged ({name}(..., layout=torch.jagged, "
                 "device=\"ipu\")), which holds ipu tensors")

@@ -141,7 +141,10 @@ def load_default_options(options: "Options", variable: str = "POPTORCH_DEFAULT_O
     try:
         entries = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ConfigFileError(f"{variable}: not JSON ({error})") from None
+        raise ConfigFileError(
+            f"{variable}: not JSON ({error}), got {text!r}: it takes a JSON object of setter "
+            "-> argument, e.g. '{\"deviceIterations\": 2}' (a file of options is loaded with "
+            "opts.loadFromFile(path))") from None
     if not isinstance(entries, dict):
         raise ConfigFileError(f"{variable}: expected a JSON object of setter -> argument, "
                               f"got {text!r}")

@@ -55,10 +55,10 @@ def write(filename: str, payload: Dict[str, Any]) -> None:
                    error.strerror or str(error))
             raise Error(f"cannot write {filename}: cannot make its directory {directory} "
                         f"({why}). Save to a path in a directory you can write to") from None
-    if os.path.isdir(filename):
-        target = os.path.join(filename, "model.poptorch")
-        logger.warning("%s is a directory: saving the model to %s", filename, target)
-        filename = target
+    if _model_file(filename) != filename:
+        logger.warning("%s is a directory: saving the model to %s", filename,
+                       _model_file(filename))
+        filename = _model_file(filename)
     buffer = io.BytesIO()
     try:
         torch.save(payload, buffer)
@@ -82,9 +82,16 @@ def write(filename: str, payload: Dict[str, Any]) -> None:
             os.remove(temporary)
 
 
+def _model_file(filename: str) -> str:
+    """Where a model saved to ``filename`` is: ``model.poptorch`` in it when
+    it is a directory (``poptorch.load`` of the directory then finds it)."""
+    return os.path.join(filename, "model.poptorch") if os.path.isdir(filename) else filename
+
+
 def read(filename: str) -> Dict[str, Any]:
     """The payload of ``filename``; a clear Error if it is not a file of this
     version of poptorch, or is damaged."""
+    filename = _model_file(filename)
     if not os.path.isfile(filename):
         raise Error(f"{filename}: no such file")
     not_ours = (f"{filename} is not a file written by compileAndExport() or save(), or it is "

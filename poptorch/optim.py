@@ -17,6 +17,8 @@ TensorFlow's RMSprop, LAMB).
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Callable, Dict, Iterable, Optional, Set, Tuple
 
 import torch
@@ -100,6 +102,18 @@ class Optimizer:
 
     _attributes: Tuple[str, ...] = ()  # the attributes that may be variables
     _extras: Tuple[str, ...] = ()  # PopTorch's attributes, kept by pickle and deepcopy
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The device scales the loss by it and divides the gradients by it: 0
+        # (or inf, nan) made every weight nan after one step, where the CPU's
+        # step ignores it; a negative one flips nothing but is no scale.
+        if name == "loss_scaling" and not (isinstance(value, numbers.Real)
+                                           and not isinstance(value, bool)
+                                           and 0 < value < math.inf):
+            raise Error(f"{type(self).__name__}: loss_scaling must be a finite number above "
+                        f"0, got {value!r} (1.0 scales nothing; 128 to 1024 are usual for "
+                        "float16)")
+        super().__setattr__(name, value)
 
     def _setup_poptorch(self, passed: Dict[str, Any], **extras: Any) -> None:
         for name, value in extras.items():

@@ -23,6 +23,7 @@ are importable from here, as in PopTorch.
 """
 from __future__ import annotations
 
+import collections.abc
 import copy
 import os
 from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple, Union
@@ -314,8 +315,12 @@ class Options(_Settings):
         most 1 per IPU (PopLibs' default: 0.6). The memory model bounds the
         working memory of each matmul by it (see the user guide's "Memory per
         IPU"); convolutions are not modelled."""
+        if not isinstance(available_memory_proportion, collections.abc.Mapping):
+            raise AssertionCompatibleError(
+                "setAvailableMemoryProportion takes a dict of a proportion per IPU, such as "
+                f"{{'IPU0': {available_memory_proportion!r}}}, got {available_memory_proportion!r}")
         proportions = {}
-        for key, value in dict(available_memory_proportion).items():
+        for key, value in available_memory_proportion.items():
             if not isinstance(key, str) or not key.startswith("IPU") or not key[3:].isdigit():
                 raise AssertionCompatibleError(f"setAvailableMemoryProportion takes keys such as 'IPU0', got {key!r}")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \

@@ -273,7 +273,7 @@ def test_strided_nested_tensors_are_refused_with_a_clear_error(make):
 @pytest.mark.parametrize("parts", [[torch.ones(2, 3), torch.ones(4, 3)], []], ids=["two", "none"])
 def test_nested_tensor_constructor_with_an_ipu_device(parts):
     assert torch.nested.nested_tensor(parts).is_nested
-    with pytest.raises(NotImplementedError, match="nested tensors of the strided layout"):
+    with pytest.raises(poptorch.UnsupportedError, match="nested tensors of the strided layout"):
         torch.nested.nested_tensor(parts, device="ipu")
 
 

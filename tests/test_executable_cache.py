@@ -57,7 +57,10 @@ def test_shrinking_the_cache_evicts_and_zero_keeps_nothing(small_cache):
     run_shape(1)
     m = poptorch.metrics()
     assert m["graphs_compiled"] == 4 and m["cache_hits"] == 0 and m["cache_evictions"] == 4
-    with pytest.raises(ValueError, match="at least 0"):
+    for size in (-1, "8", 2.0):  # a str failed comparing with 0
+        with pytest.raises(poptorch.Error, match=f"an integer of at least 0, got {size!r}"):
+            poptorch.set_executable_cache_size(size)
+    with pytest.raises(ValueError):  # as it was
         poptorch.set_executable_cache_size(-1)
 
 

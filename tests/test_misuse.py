@@ -75,6 +75,7 @@ NO_SUCH_IPU = {
     "memory_stats": lambda: torch.ipu.memory_stats(99),
     "mem_get_info": lambda: torch.ipu.mem_get_info("ipu:7"),
     "a tensor": lambda: torch.ones(2, device="ipu:99"),
+    "synchronize": lambda: torch.ipu.synchronize(99),
 }
 
 
@@ -165,6 +166,10 @@ WRAPPER_ARGUMENTS = {
     "optimizer as a name": (
         lambda m: poptorch.trainingModel(m, optimizer="sgd"),
         r"trainingModel: optimizer must be a torch.optim.Optimizer .*got str"),
+    # Was taken, and the next call failed far from the mistake.
+    "setOptimizer with a name": (
+        lambda m: poptorch.trainingModel(m).setOptimizer("sgd"),
+        r"setOptimizer: optimizer must be a torch.optim.Optimizer .*got str"),
 }
 
 
@@ -259,3 +264,26 @@ def test_set_optimizer_with_other_parameters_is_refused(regroup):
                        r"holds other parameters than those the model was compiled with"):
         training.setOptimizer(torch.optim.SGD(params, lr=0.5))
     training.setOptimizer(torch.optim.SGD(groups(model), lr=0.5))  # the same ones: taken
+
+
+@pytest.mark.parametrize("loss", [3.0, None, [torch.ones(2)]], ids=["float", "None", "list"])
+def test_identity_loss_of_something_not_a_tensor_says_so(loss):
+    # A float failed with "'float' object has no attribute 'mean'".
+    with pytest.raises(poptorch.Error, match="identity_loss takes the loss as a tensor") as error:
+        poptorch.identity_loss(loss, reduction="mean")
+    assert error.value.location.startswith(__file__)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), float("nan"), "128"])
+def test_a_loss_scaling_that_scales_nothing_is_refused(value):
+    # 0, inf and nan made every weight nan after one step on the device (the
+    # CPU's step ignores loss scaling), without a word.
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(poptorch.Error, match=r"SGD: loss_scaling must be a finite number above "
+                       r"0, got") as error:
+        poptorch.optim.SGD(model.parameters(), lr=0.1, loss_scaling=value)
+    assert error.value.location.startswith(__file__)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, loss_scaling=128)
+    with pytest.raises(poptorch.Error, match="loss_scaling must be a finite number"):
+        optimizer.loss_scaling = value  # set later, as PopTorch's examples do
+    assert optimizer.loss_scaling == 128

@@ -59,6 +59,30 @@ def test_properties_are_read_only():
         Options().device_iterations = 4
 
 
+@pytest.mark.parametrize("assign, message", [
+    (lambda o: setattr(o, "deviceIterations", 4),
+     r"opts.deviceIterations is a setter method: call it, opts.deviceIterations\(4\)"),
+    (lambda o: setattr(o.Training, "gradientAccumulation", 2),
+     r"opts.Training.gradientAccumulation is a setter method: call it, "
+     r"opts.Training.gradientAccumulation\(2\)"),
+    (lambda o: setattr(o, "deviceIteration", 4),
+     r"opts.deviceIteration: poptorch.Options has no such option.*"
+     r"did you mean opts.deviceIterations\(4\)\?"),
+    (lambda o: setattr(o, "Training", None), r"opts.Training is a group of options"),
+    (lambda o: setattr(o, "device_iterations", 4), r"opts.device_iterations is read-only"),
+], ids=["setter", "group setter", "typo", "group", "value"])
+def test_an_assignment_to_options_says_how_to_set_them(assign, message):
+    # `opts.deviceIterations = 4` replaced the setter, and a misspelt name made
+    # an attribute nothing reads: the model ran with the old value, silently.
+    opts = Options()
+    with pytest.raises(poptorch.Error, match=message) as raised:
+        assign(opts)
+    assert isinstance(raised.value, AttributeError)
+    assert raised.value.location.startswith(__file__)
+    assert opts.device_iterations == 1 and opts.Training.gradient_accumulation == 1
+    assert callable(opts.deviceIterations) and callable(opts.Training.gradientAccumulation)
+
+
 def test_groups_are_independent_between_instances():
     first, second = Options(), Options()
     first.Training.gradientAccumulation(5)
@@ -91,6 +115,8 @@ def test_groups_are_independent_between_instances():
     (lambda o: o.updatableNamedBuffers([""]), "takes a list of buffer names"),
     (lambda o: o.setAvailableMemoryProportion({"GPU0": 0.5}), "keys such as 'IPU0'"),
     (lambda o: o.setAvailableMemoryProportion({"IPU0": 0}), "above 0 and at most 1"),
+    (lambda o: o.setAvailableMemoryProportion(0.5),
+     r"a dict of a proportion per IPU, such as \{'IPU0': 0.5\}"),
     (lambda o: o.TensorLocations.numIOTiles(33), "an even number between 32 and 192"),
     (lambda o: o.TensorLocations.numIOTiles(16), "numIOTiles got 16"),
     (lambda o: o.TensorLocations.numIOTiles(194), "an even number between 32 and 192"),
@@ -339,6 +365,8 @@ def test_default_options_from_the_environment(monkeypatch):
 
 @pytest.mark.parametrize("value, message", [
     ("{", "not JSON"), ("[1]", "expected a JSON object"),
+    # A path where the JSON goes: the error shows it and says how files load.
+    ("/tmp/opts.json", r"not JSON .*got '/tmp/opts.json'.*opts.loadFromFile\(path\)"),
     ('{"deviceIterations": "x"}', r"deviceIterations\('x'\)"),
     ('{"toDict": []}', "is not an option setter"),
 ])

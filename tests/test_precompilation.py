@@ -344,6 +344,8 @@ def test_save_writes_into_a_directory_and_a_saved_model_loads_in_process(tmp_pat
     model.save(tmp_path)  # a directory: PopTorch writes model.poptorch in it
     loaded = poptorch.load(tmp_path / "model.poptorch")
     torch.testing.assert_close(loaded(x), reference(x), rtol=1e-5, atol=1e-6)
+    # Loading the directory finds it there (it said "no such file").
+    torch.testing.assert_close(poptorch.load(tmp_path)(x), reference(x), rtol=1e-5, atol=1e-6)
 
 
 def test_an_inference_model_can_wrap_a_training_model():

@@ -2,9 +2,10 @@
 a model or DataLoader uses the options."""
 from __future__ import annotations
 
+import difflib
 from typing import Any, ClassVar, Dict, Generic, Iterator, Optional, Tuple, TypeVar, overload
 
-from .._errors import Error
+from .._errors import AttributeCompatibleError, Error
 from .not_honoured import _log_if_not_honoured
 from .values import _show
 
@@ -32,7 +33,7 @@ class _Value(Generic[T]):
         return self if obj is None else obj._values[self.name]
 
     def __set__(self, obj: "_Settings", value: Any) -> None:
-        raise AttributeError(f"{self.name} is read-only: set it with the option's setter method")
+        obj._refuse_assignment(self.name, value)
 
 
 class _Settings:
@@ -40,6 +41,7 @@ class _Settings:
 
     _NAME: ClassVar[str] = ""  # how config files and log messages name the group
     _FIELDS: ClassVar[Dict[str, _Value[Any]]] = {}
+    _GROUPS: ClassVar[Tuple[str, ...]] = ()  # attributes holding option groups
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -61,6 +63,35 @@ class _Settings:
                         "(opts.clone() or copy.deepcopy(opts)) and wrap the model with it")
         self._values[key] = value
         return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Each group is set once, by __init__; private state is the class's own.
+        if name.startswith("_") or (name in self._GROUPS and name not in self.__dict__):
+            super().__setattr__(name, value)
+        else:
+            self._refuse_assignment(name, value)
+
+    def _refuse_assignment(self, name: str, value: Any) -> None:
+        """Options are set with their setter methods: an assignment replaced a
+        setter, or made an attribute nothing reads, and the model ran with the
+        option's old value without a word."""
+        group = f"opts.{self._NAME}." if self._NAME else "opts."
+        if name in self._FIELDS:
+            how = f"{group}{name} is read-only: set it with the option's setter method"
+        elif name in self._GROUPS:
+            how = f"{group}{name} is a group of options: set them with its setter methods"
+        elif callable(getattr(self, name, None)):
+            how = (f"{group}{name} is a setter method: call it, {group}{name}({value!r}), "
+                   "rather than assigning to it")
+        else:
+            setters = [n for n in dir(self) if not n.startswith("_")
+                       and callable(getattr(self, n, None))]
+            close = difflib.get_close_matches(name, setters, n=1)
+            how = (f"{group}{name}: poptorch.Options has no such option, and an attribute "
+                   "set on it is read by nothing"
+                   + (f"; did you mean {group}{close[0]}({value!r})?" if close else
+                      "; options are set with their setter methods"))
+        raise AttributeCompatibleError(how)
 
     def __getstate__(self) -> Dict[str, Any]:
         # Copies (copy.deepcopy, clone) and pickles are not frozen.
