@@ -6,6 +6,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/native/CPUFallback.h>
+#include <c10/util/ScopeExit.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -370,7 +371,12 @@ std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& t
     c10::warn(warning);
     pending.noteWarning(warning);
   }
-  ir::Node node(op);
+  ir::Node& node = pending.beginNode(op);
+  bool committed = false;
+  // A call that fails, or records nothing, leaves no node behind.
+  const auto drop = c10::make_scope_exit([&] {
+    if (!committed) pending.dropNode();
+  });
   node.inputs.reserve(traits.tensor_args);
   node.guard = guard;
   node.deterministic = at::globalContext().deterministicAlgorithms();
@@ -446,7 +452,10 @@ std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& t
     }
   }
   // A pure view op changes metadata only: no node, no data movement.
-  if (!only_views) pending.append(std::move(node));
+  if (!only_views) {
+    committed = true;
+    pending.commitNode();  // may run the graph: `node` is gone after it
+  }
   return results;
 }
 

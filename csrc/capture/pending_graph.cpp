@@ -131,15 +131,26 @@ void PendingGraph::noteResize(const c10::StorageImpl* storage) {
   if (it != ids_.end()) graph_.buffers[it->second].nbytes = static_cast<int64_t>(storage->nbytes());
 }
 
-void PendingGraph::append(ir::Node node) {
-  node.source_index = static_cast<int32_t>(graph_.nodes.size());
+void PendingGraph::append(ir::Node&& node) {
+  graph_.nodes.push_back(std::move(node));
+  commitNode();
+}
+
+ir::Node& PendingGraph::beginNode(const c10::OperatorHandle& op) {
+  return graph_.nodes.emplace_back(op);
+}
+
+void PendingGraph::commitNode() {
+  ir::Node& node = graph_.nodes.back();
+  node.source_index = static_cast<int32_t>(graph_.nodes.size() - 1);
   if (node.guard != ir::Guard::kNone) {
     graph_.guard_sites.emplace(node.source_index, userSourceLocation());
   }
-  graph_.nodes.push_back(std::move(node));
   Metrics::get().opCaptured();
   runIfLong();
 }
+
+void PendingGraph::dropNode() { graph_.nodes.pop_back(); }
 
 ir::BufferId PendingGraph::addTemporary(const ir::BufferInfo& info) {
   entries_.emplace_back();
@@ -198,6 +209,9 @@ std::unique_ptr<runtime::Program> PendingGraph::prepare(bool allow_empty) {
   ir::Graph graph = std::move(graph_);
   std::vector<Entry> entries = std::move(entries_);
   discard();
+  // The next graph is likely this one again (a training loop's step): room
+  // for as many nodes, so that none moves as it grows (see beginNode).
+  graph_.nodes.reserve(graph.nodes.size());
   if (graph.nodes.empty() && !allow_empty) return nullptr;
 
   try {

@@ -52,7 +52,14 @@ class PendingGraph {
 
   // Appends a node; runs the graph when it grows past POPTORCH_MAX_GRAPH_NODES.
   // A guard node records where the user's code read the value it guards.
-  void append(ir::Node node);
+  void append(ir::Node&& node);
+  // A node of `op` appended to be filled in place, as a node keeps its lists
+  // inline and moving it costs a copy of each element: commitNode() completes
+  // it as append() does, and dropNode() removes it instead (the call failed,
+  // or it records nothing). Nothing else may append meanwhile.
+  ir::Node& beginNode(const c10::OperatorHandle& op);
+  void commitNode();
+  void dropNode();
 
   // A buffer that no tensor refers to: a temporary of nodes given to
   // appendNodes(), which hold no guard.

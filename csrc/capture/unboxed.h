@@ -24,7 +24,6 @@ class BorrowedArguments {
  public:
   template <class... Args>
   explicit BorrowedArguments(const Args&... args) {
-    values_.reserve(sizeof...(Args));
     (push(args), ...);
   }
   ~BorrowedArguments();
@@ -42,7 +41,8 @@ class BorrowedArguments {
     borrowed_.push_back(false);
   }
 
-  std::vector<c10::IValue> values_;
+  // Inline, as no hot operator has more than eight arguments: no allocation per call.
+  c10::SmallVector<c10::IValue, 8> values_;
   c10::SmallVector<bool, 8> borrowed_;
 };
 

@@ -101,7 +101,8 @@ c10::List<int64_t> ints(const Range& values) {
   return list;
 }
 
-c10::List<bool> bools(const std::vector<bool>& values) {
+template <typename Range>
+c10::List<bool> bools(const Range& values) {
   c10::List<bool> list;
   list.reserve(values.size());
   for (bool v : values) list.push_back(v);

@@ -61,7 +61,7 @@ int matMulLhsArg(const c10::OperatorName& name) {
   return -1;
 }
 
-bool refersTo(const std::vector<TensorRef>& refs, BufferId buffer) {
+bool refersTo(c10::ArrayRef<TensorRef> refs, BufferId buffer) {
   return std::any_of(refs.begin(), refs.end(),
                      [&](const TensorRef& ref) { return ref.buffer == buffer; });
 }

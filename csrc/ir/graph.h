@@ -63,8 +63,9 @@ struct Arg {
   // kTensor and kTensorList: see ArgKind. kRuntime: empty, the value is the
   // same argument of the node's source node (Node::source_index) in the graph
   // as captured; or {node, arg} for a node that a pass fused, whose value is
-  // argument `arg` of captured node `node`.
-  std::vector<int32_t> refs;
+  // argument `arg` of captured node `node`. Inline, as capture makes an Arg
+  // per argument of every op.
+  c10::SmallVector<int32_t, 2> refs;
   bool optional_elements = false;  // kTensorList of Tensor?[]
   Layout layout = Layout::kAsIs;   // kTensor
 
@@ -111,15 +112,24 @@ struct MatMulPlan {
   bool operator==(const MatMulPlan& other) const = default;
 };
 
+// A node's lists keep the common op's elements inline (a binary op: two tensor
+// inputs, one result, up to four arguments), so capturing it allocates nothing
+// for them (capture makes a node per op; docs/performance.md). Larger ops
+// spill to the heap as std::vector would.
+using Args = c10::SmallVector<Arg, 4>;
+using Inputs = c10::SmallVector<TensorRef, 2>;
+using Outputs = c10::SmallVector<TensorRef, 1>;
+using BufferIds = c10::SmallVector<BufferId, 2>;
+
 struct Node {
   c10::OperatorHandle op;
-  std::vector<Arg> args;
-  std::vector<TensorRef> inputs;   // every ipu tensor argument, as read
-  std::vector<TensorRef> outputs;  // fresh results, each on a buffer of its own
-  std::vector<BufferId> writes;    // buffers the op mutates in place
+  Args args;
+  Inputs inputs;     // every ipu tensor argument, as read
+  Outputs outputs;   // fresh results, each on a buffer of its own
+  BufferIds writes;  // buffers the op mutates in place
   // Per schema return: true if it is a fresh result (its tensors are the next
   // entries of `outputs`), false if it aliases a mutated argument.
-  std::vector<bool> fresh_returns;
+  c10::SmallVector<bool, 4> fresh_returns;
   int32_t source_index = -1;  // position in the graph as captured
   // Random ops: the seed drawn when the op was called, so that the values
   // follow the generator state at the call (torch.manual_seed, fork_rng) and

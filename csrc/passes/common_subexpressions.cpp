@@ -11,7 +11,7 @@ namespace {
 // A node's inputs are equal to another's when they are the same views of the
 // same buffers, each buffer having been written the same number of times.
 struct VersionedInputs {
-  std::vector<ir::TensorRef> refs;
+  ir::Inputs refs;
   std::vector<int32_t> versions;
   bool operator==(const VersionedInputs&) const = default;
 };

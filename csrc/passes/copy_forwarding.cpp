@@ -92,7 +92,7 @@ bool forward(ir::Graph& graph, size_t c) {
   if (dst.buffer == src.buffer || target.existed_before || target.live_after ||
       !dst.coversWhole(target.nbytes) || dst.sizes != src.sizes || dst.dtype != src.dtype ||
       dst.conj || dst.neg || src.conj || src.neg ||
-      copy.writes != std::vector<ir::BufferId>{dst.buffer} ||
+      copy.writes != ir::BufferIds{dst.buffer} ||
       graph.buffers[src.buffer].device != target.device) {
     return false;
   }
@@ -118,9 +118,9 @@ bool forward(ir::Graph& graph, size_t c) {
   for (size_t i = c + 1; i <= readers.back(); ++i) {
     if (graph.nodes[i].changes(src.buffer)) return false;
   }
-  std::vector<std::vector<ir::TensorRef>> rewritten;
+  std::vector<ir::Inputs> rewritten;
   for (size_t r : readers) {
-    std::vector<ir::TensorRef> inputs = graph.nodes[r].inputs;
+    ir::Inputs inputs = graph.nodes[r].inputs;
     for (ir::TensorRef& in : inputs) {
       if (in.buffer != dst.buffer) continue;
       std::optional<ir::TensorRef> composed = compose(in, dst, src);

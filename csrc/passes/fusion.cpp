@@ -14,7 +14,7 @@ bool is(const ir::Node& node, std::string_view name, std::string_view overload =
   return op.name == name && op.overload_name == overload;
 }
 
-bool writesAny(const ir::Node& node, const std::vector<ir::TensorRef>& refs) {
+bool writesAny(const ir::Node& node, c10::ArrayRef<ir::TensorRef> refs) {
   return std::any_of(refs.begin(), refs.end(),
                      [&](const ir::TensorRef& ref) { return node.writesInPlace(ref.buffer); });
 }
@@ -35,7 +35,7 @@ std::optional<ir::Node> biasedProduct(const ir::Node& mm, const ir::Node& add,
   if (!is(add, "aten::add_", "Tensor") || add.guard != ir::Guard::kNone || add.args.size() != 3 ||
       !add.sameStateOfCall(mm) || self == nullptr || bias == nullptr ||
       add.args[2].kind != ir::ArgKind::kRuntime ||
-      add.writes != std::vector<ir::BufferId>{product.buffer} || self->buffer != product.buffer ||
+      add.writes != ir::BufferIds{product.buffer} || self->buffer != product.buffer ||
       !self->coversWhole(nbytes) || self->sizes.empty() || self->sizes.back() != product.sizes[1] ||
       bias->buffer == product.buffer || bias->dtype != product.dtype || bias->sizes.size() != 1 ||
       bias->sizes[0] != product.sizes[1]) {

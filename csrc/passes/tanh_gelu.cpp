@@ -94,7 +94,7 @@ class ChainFinder {
   // One result, no guard, no in-place write, called in the product's state.
   static bool plain(const ir::Node& n) {
     return n.guard == ir::Guard::kNone && n.outputs.size() == 1 && n.writes.empty() &&
-           n.fresh_returns == std::vector<bool>{true};
+           n.fresh_returns.size() == 1 && n.fresh_returns[0];
   }
 
   static bool tensorArgs(const ir::Node& n, size_t count) {

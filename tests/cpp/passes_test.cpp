@@ -48,7 +48,7 @@ TEST(DeadCode, KeepsInPlaceWritesToLiveBuffersAndDropsOnesToDeadBuffers) {
   b.addInPlace(b.vec(dropped), b.vec(grad), -0.1);
   const ir::Graph out = passes::eliminateDeadCode(b.graph);
   ASSERT_EQ(out.nodes.size(), 1u);
-  EXPECT_EQ(out.nodes[0].writes, std::vector<ir::BufferId>{param});
+  EXPECT_EQ(out.nodes[0].writes, ir::BufferIds{param});
 }
 
 TEST(DeadCode, KeepsGuardsWhoseResultsNobodyReads) {
@@ -353,7 +353,7 @@ TEST(Fusion, FusesAProductWithTheBiasAddedToItInPlace) {
   // beta is the add_'s alpha, read from the captured add_ (node 2).
   ASSERT_EQ(addmm.args.size(), 5u);
   EXPECT_EQ(addmm.args[3].kind, ir::ArgKind::kRuntime);
-  EXPECT_EQ(addmm.args[3].refs, (std::vector<int32_t>{2, 2}));
+  EXPECT_EQ(addmm.args[3].refs, (c10::SmallVector<int32_t, 2>{2, 2}));
   EXPECT_EQ(addmm.args[4].kind, ir::ArgKind::kConstant);
 }
 
@@ -400,7 +400,7 @@ TEST(RandomFills, RunsFloatingBernoulliFillsCounterBased) {
   const ir::Node& fill = g.nodes[0];
   EXPECT_EQ(fill.seed, std::optional<uint64_t>(1234));
   EXPECT_EQ(fill.generator_arg, 2);
-  EXPECT_EQ(fill.writes, std::vector<ir::BufferId>{mask});
+  EXPECT_EQ(fill.writes, ir::BufferIds{mask});
   EXPECT_EQ(fill.args.size(), 3u);
   EXPECT_FALSE(fill.hasHostEffects());
   EXPECT_TRUE(fill.isNondeterministic());

@@ -22,7 +22,7 @@ using testing::GraphBuilder;
 TEST(Serialization, EveryFieldIsKnown) {
   EXPECT_EQ(sizeof(ir::TensorRef), 136u) << "ir::TensorRef has a new field";
   EXPECT_EQ(sizeof(ir::Arg), 56u) << "ir::Arg has a new field";
-  EXPECT_EQ(sizeof(ir::Node), 248u) << "ir::Node has a new field";
+  EXPECT_EQ(sizeof(ir::Node), 848u) << "ir::Node has a new field";
   EXPECT_EQ(sizeof(ir::BufferInfo), 16u) << "ir::BufferInfo has a new field";
   EXPECT_EQ(sizeof(ir::Graph), 88u) << "ir::Graph has a new field";
   EXPECT_EQ(sizeof(compiler::Executable), 368u) << "compiler::Executable has a new field";
