@@ -336,12 +336,20 @@ bool resizedOtherwise(const std::optional<Layout>& cpu, const Layout& meta) {
   return cpu && meta.defined && cpu->dtype == meta.dtype && cpu->sizes != meta.sizes;
 }
 
-// Per layout a CPU run may correct (in forEachCorrectable's order): the sizes
-// `run` gives it where they differ from `expected`'s.
-std::vector<std::optional<Sizes>> resizes(const CpuRun& run, const MetaResult& expected) {
-  std::vector<std::optional<Sizes>> sizes;
+// A size the CPU gives a result otherwise than the Meta kernel.
+struct Resize {
+  Sizes meta;
+  Sizes cpu;
+  bool operator==(const Resize& other) const { return meta == other.meta && cpu == other.cpu; }
+};
+
+// Per layout a CPU run may correct (in forEachCorrectable's order): how `run`
+// resizes it, where its sizes differ from `expected`'s.
+std::vector<std::optional<Resize>> resizes(const CpuRun& run, const MetaResult& expected) {
+  std::vector<std::optional<Resize>> sizes;
   forEachCorrectable(run, expected, [&](const std::optional<Layout>& cpu, const Layout& meta, bool) {
-    sizes.push_back(resizedOtherwise(cpu, meta) ? std::optional(cpu->sizes) : std::nullopt);
+    sizes.push_back(resizedOtherwise(cpu, meta) ? std::optional(Resize{meta.sizes, cpu->sizes})
+                                                : std::nullopt);
   });
   return sizes;
 }
@@ -362,10 +370,9 @@ void confirmResizes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
   const auto other = runOnStandIns(op, arguments, extents, other_filler);
   const auto* confirmed = std::get_if<CpuRun>(&other);
   if (confirmed == nullptr || resizes(*confirmed, expected) != sizes) return;
-  forEachCorrectable(run, expected, [&](const std::optional<Layout>& cpu, const Layout& meta, bool) {
-    run.resized_from.push_back(resizedOtherwise(cpu, meta) ? std::optional(meta.sizes)
-                                                           : std::nullopt);
-  });
+  for (const std::optional<Resize>& resize : sizes) {
+    run.resized_from.push_back(resize ? std::optional(resize->meta) : std::nullopt);
+  }
 }
 
 }  // namespace
