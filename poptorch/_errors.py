@@ -38,7 +38,8 @@ class AssertionCompatibleError(Error, AssertionError):
 class ValueCompatibleError(Error, ValueError):
     """Bad input that PopTorch reports with a ``ValueError`` (an optimiser
     ``setOptimizer`` cannot apply to the compiled model, a bad
-    ``set_executable_cache_size``): a ``poptorch.Error`` that is also a
+    ``set_executable_cache_size``), or a bad value of a ``POPTORCH_*``
+    environment variable: a ``poptorch.Error`` that is also a
     ``ValueError``, so code written for PopTorch that catches ``ValueError``
     still catches it."""
 
@@ -56,10 +57,10 @@ class TypeCompatibleError(Error, TypeError):
 
 
 class UnsupportedError(Error, NotImplementedError):
-    """What the ipu cannot hold (a strided nested tensor made with
-    ``device="ipu"``), refused at the call with what to do instead: a
-    ``poptorch.Error`` that is also the ``NotImplementedError`` PyTorch raises
-    for a kernel it lacks, so code written for either catches it."""
+    """What the ipu cannot hold or run (quantized, sparse and strided nested
+    tensors, an op with no host kernel), refused at the call with what to do
+    instead: a ``poptorch.Error`` that is also the ``NotImplementedError``
+    PyTorch raises for a kernel it lacks, so code written for either catches it."""
 
 
 class RecoverableError(Error):

@@ -149,6 +149,13 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the step on every micro-batch of the inputs (compiling it first
         on the first call) and returns the outputs per the output mode."""
+        if _C.capturing_step():
+            # Its step would run inside the other's capture, on values that do
+            # not exist yet: a confusing host-read error, or "already captured".
+            raise Error("a poptorch model was called inside the forward of another that is "
+                        "being compiled (trainingModel/inferenceModel), and one step cannot "
+                        "run another: call the module it wraps (its .model) there instead, "
+                        "and wrap only the outer model")
         if self._options.connection_type == ConnectionType.Never:
             raise AssertionCompatibleError(
                 "Trying to run a model on an offline device: the model is compiled for an "
@@ -156,11 +163,11 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
                 "ConnectionType.Never)), so it cannot run: compile it with compile() or "
                 "compileAndExport(), and run the exported file where it is loaded with "
                 "poptorch.load()")
-        self._check_not_inference_mode()
         leaves, spec = self._flatten(args, kwargs)
         if not self._compiled:
             self._compile(leaves, spec)
         else:
+            self._check_not_inference_mode()  # _compile checks it on a first call
             self._check_grouping()
             _inputs.check_default_dtype(self._default_dtype)
             self._check_inputs(leaves, spec)

@@ -1,10 +1,13 @@
 """Misuses an outside tester writes (issue 9, bad input): each gives a clear error
 naming what was wrong and how to fix it, or the CPU's own error, never a crash, an
 internal assert or a silent wrong result."""
+import inspect
+
 import pytest
 import torch
 
 import poptorch
+from conftest import run_python
 
 
 # Nested tensors (the ops tests/test_device.py checks are left out) ------------
@@ -33,7 +36,7 @@ STRIDED_NESTED = {
 @pytest.mark.parametrize("make", STRIDED_NESTED.values(), ids=STRIDED_NESTED.keys())
 def test_a_strided_nested_tensor_on_the_ipu_says_to_use_the_jagged_layout(make):
     # The constructors with device="ipu" failed PyTorch's INTERNAL ASSERT.
-    with pytest.raises(NotImplementedError,
+    with pytest.raises(poptorch.UnsupportedError,
                        match=r"nested tensors of the strided layout.*layout=torch\.jagged"):
         make()
 
@@ -43,6 +46,66 @@ def test_strided_nested_tensors_stay_usable_on_the_cpu():
     nt = torch.nested.nested_tensor(_pieces("cpu"), dtype=torch.half)
     assert nt.is_nested and nt.is_cpu and nt.dtype == torch.half
     assert torch.nested.as_nested_tensor(_pieces("cpu"), device="cpu").is_nested
+
+
+# Quantized tensors ------------------------------------------------------------
+
+def _quantized():
+    return torch.quantize_per_tensor(torch.tensor([-1.0, 0.5, 2.0]), 0.1, 0, torch.qint8)
+
+
+QUANTIZED_TO_THE_IPU = {
+    "to": lambda q: q.to("ipu"),
+    "to with a dtype": lambda q: q.to("ipu", torch.float32),
+    "to a copy": lambda q: q.to(device="ipu:0", copy=True),
+    "to another tensor's device": lambda q: q.to(torch.ones(1, device="ipu")),
+    "torch.tensor": lambda q: torch.tensor(q, device="ipu"),
+    "as_tensor": lambda q: torch.as_tensor(q, device="ipu"),
+    "empty_like": lambda q: torch.empty_like(q, device="ipu"),
+    "zeros_like": lambda q: torch.zeros_like(q, device="ipu"),
+    "new_empty": lambda q: q.new_empty(3, device="ipu"),
+    "copy_": lambda q: torch.empty(3, device="ipu").copy_(q),
+    "setitem": lambda q: torch.empty(3, device="ipu").__setitem__(slice(None), q),
+    "where": lambda q: torch.where(torch.ones(3, dtype=torch.bool, device="ipu"), q, q),
+    "quantize an ipu tensor": lambda q: torch.quantize_per_tensor(
+        q.dequantize().to("ipu"), 0.1, 0, torch.qint8),
+    "empty of a quantized dtype": lambda q: torch.empty(3, dtype=torch.qint8, device="ipu"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+@pytest.mark.parametrize("move", QUANTIZED_TO_THE_IPU.values(), ids=QUANTIZED_TO_THE_IPU.keys())
+def test_a_quantized_tensor_on_the_ipu_says_to_dequantize(move):
+    # .to("ipu") (and torch.tensor, as_tensor) returned a quantized CPU tensor
+    # without a word: _to_copy's BackendSelect kernel sends it to QuantizedIPU,
+    # where PyTorch's generic kernel copies with the tensor's quantizer on the
+    # CPU. The others failed with PyTorch's message about a missing kernel.
+    with pytest.raises(poptorch.UnsupportedError,
+                       match=r"quantized tensors are not supported on the ipu; keep them and the "
+                       r"quantized ops on the CPU, or move q.dequantize\(\)"):
+        move(_quantized())
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+def test_an_unsupported_tensor_error_is_a_poptorch_error_at_the_users_line():
+    # Raised by the C++ core inside PyTorch's dispatcher: still a
+    # poptorch.Error, located at the user's line, and the NotImplementedError
+    # PyTorch raises for a missing kernel.
+    q = _quantized()
+    with pytest.raises(poptorch.Error) as raised:
+        q.to("ipu")
+    line = inspect.currentframe().f_lineno - 1
+    assert isinstance(raised.value, NotImplementedError)
+    assert raised.value.location == f"{__file__}:{line}"
+    assert raised.value.message.startswith("aten::_to_copy: quantized tensors")
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+def test_quantized_tensors_stay_usable_on_the_cpu_and_dequantized_on_the_ipu():
+    q = _quantized()
+    copied = q.to("cpu", copy=True)
+    assert copied.is_quantized and torch.equal(copied.int_repr(), q.int_repr())
+    torch.testing.assert_close(q.dequantize().to("ipu").cpu(), q.dequantize())
 
 
 # Streams and events ---------------------------------------------------------
@@ -272,6 +335,52 @@ def test_identity_loss_of_something_not_a_tensor_says_so(loss):
     with pytest.raises(poptorch.Error, match="identity_loss takes the loss as a tensor") as error:
         poptorch.identity_loss(loss, reduction="mean")
     assert error.value.location.startswith(__file__)
+
+
+@pytest.mark.parametrize("inner_compiled", [False, True], ids=["inner new", "inner compiled"])
+def test_a_wrapped_model_called_in_another_wrapped_models_forward_is_refused(inner_compiled):
+    # A new inner model failed with "a step is already being captured on this
+    # thread"; a compiled one ran its step inside the capture, and failed with
+    # a host read that changed, after warnings about constants.
+    torch.manual_seed(0)
+    inner = poptorch.inferenceModel(torch.nn.Linear(3, 2))
+    x = torch.randn(4, 3)
+    if inner_compiled:
+        inner(x)
+
+    class Outer(torch.nn.Module):
+        def __init__(self, call_inner):
+            super().__init__()
+            self.call_inner = call_inner
+
+        def forward(self, t):
+            return self.call_inner(t) * 2
+
+    outer = poptorch.inferenceModel(Outer(inner))
+    with pytest.raises(poptorch.Error, match=r"called inside the forward of another.*call the "
+                       r"module it wraps \(its \.model\)") as error:
+        outer(x)
+    assert error.value.location == f"{__file__}:{Outer.forward.__code__.co_firstlineno + 1}"
+    # What the message says works, and gives the CPU's result.
+    fixed = poptorch.inferenceModel(Outer(inner.model))
+    torch.testing.assert_close(fixed(x), inner.model(x) * 2)
+
+
+@pytest.mark.parametrize("variable, value", [("POPTORCH_NUM_IPUS", "two"),
+                                             ("POPTORCH_MAX_GRAPH_NODES", "-1"),
+                                             ("POPTORCH_IPU_MEMORY_MB", "0")])
+def test_a_bad_environment_variable_is_a_poptorch_error_at_the_first_use(variable, value):
+    # Read by the C++ core, at the first ipu op: was a plain ValueError.
+    code = ("import torch, poptorch\n"
+            "try:\n"
+            "    (torch.ones(2, device='ipu') + 1).cpu()\n"
+            "except poptorch.Error as error:\n"
+            "    assert isinstance(error, ValueError)\n"
+            "    print(error.location, '|', error)\n")
+    result = run_python(code, env={variable: value})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("<string>:3 | " + variable), result.stdout
+    assert value in result.stdout
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), float("nan"), "128"])

@@ -24,6 +24,9 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch:
 // "aten::name.overload", as errors and logs name an op.
 std::string opName(const c10::OperatorHandle& op);
 
+// Quantized tensors cannot live on the ipu: refuses `op` saying what to do.
+[[noreturn]] void refuseQuantized(const std::string& op);
+
 // Ipu tensors are strided only: refuses (with what to do instead) the ops
 // that make sparse tensors, or nested tensors of the strided layout, from
 // ipu tensors (layouts.cpp; the sparse and nested ipu keys refuse the rest).

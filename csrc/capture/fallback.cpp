@@ -23,6 +23,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/storage_overlap.h"
+#include "common/user_errors.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
 #include "profiling/profiler.h"
@@ -113,9 +114,7 @@ void checkNotQuantized(const c10::OperatorHandle& op, const OpTraits& traits,
     forEachTensor(arguments[i], [&](const at::Tensor& t) {
       quantized = quantized || (t.defined() && t.is_quantized());
     });
-    TORCH_CHECK_NOT_IMPLEMENTED(!quantized, opName(op),
-                                ": quantized tensors are not supported on the ipu; quantize and "
-                                "run quantized ops on the CPU");
+    if (quantized) refuseQuantized(opName(op));
   }
 }
 
@@ -301,7 +300,10 @@ c10::IValue viewResult(const ReturnInfo& info, const std::vector<c10::Storage>& 
 
 // True for an attention op given no dropout: it draws no random numbers on the
 // CPU (the scaled_dot_product_attention kernels are tagged random for their
-// dropout_p alone).
+// dropout_p alone). Not a rule of seeded ops with a probability: the CPU's
+// native_dropout and bernoulli given p = 0 still advance the generator, and
+// dropout, feature_dropout and the alpha ones, which do not, return their
+// input before any op reaches the ipu.
 bool attentionWithoutDropout(const ir::Node& node, c10::ArrayRef<c10::IValue> arguments) {
   const std::optional<int> p = node.op.schema().argumentIndexWithName("dropout_p");
   return p && static_cast<size_t>(*p) < arguments.size() && arguments[*p].isDouble() &&
@@ -654,9 +656,9 @@ void hostFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
 }
 
 void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-  TORCH_CHECK_NOT_IMPLEMENTED(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU), opName(op),
-                              " has no host kernel, so the emulated IPU cannot run "
-                              "it; it is not supported on ipu tensors.");
+  POPTORCH_CHECK_SUPPORTED(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU), opName(op),
+                           " has no host kernel, so the emulated IPU cannot run it; it is not "
+                           "supported on ipu tensors.");
   const OpTraits& traits = traitsOf(op);
   checkNotQuantized(op, traits, torch::jit::last(*stack, traits.args.size()));
   checkResultIsStrided(op);

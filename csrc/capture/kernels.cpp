@@ -34,6 +34,7 @@
 #include "capture/unboxed.h"
 #include "common/metrics.h"
 #include "common/storage_overlap.h"
+#include "common/user_errors.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
 #include "profiling/profiler.h"
@@ -55,8 +56,8 @@ c10::ScalarType dtypeOf(std::optional<c10::ScalarType> dtype) {
 }
 
 void checkStrided(std::optional<c10::Layout> layout) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!layout || *layout == c10::kStrided,
-                              "ipu tensors are strided; layout ", *layout, " is not supported");
+  POPTORCH_CHECK_SUPPORTED(!layout || *layout == c10::kStrided, "ipu tensors are strided; layout ",
+                           *layout, " is not supported");
 }
 
 // The strides of a new (or resized) tensor, with the checks the CPU's

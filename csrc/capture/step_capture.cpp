@@ -9,6 +9,7 @@
 #include "capture/meta_inference.h"
 #include "capture/pending_graph.h"
 #include "common/ivalue_tensors.h"
+#include "common/user_errors.h"
 #include "runtime/guard_failure.h"
 
 namespace poptorch::capture {
@@ -105,7 +106,7 @@ void captureObservingResults(const c10::OperatorHandle& op, torch::jit::Stack* s
   MetaResult meta;
   for (size_t r = 0; r < host_stack.size(); ++r) {
     const c10::AliasInfo* alias = schema.returns()[r].alias_info();
-    TORCH_CHECK_NOT_IMPLEMENTED(
+    POPTORCH_CHECK_SUPPORTED(
         alias == nullptr || alias->isWrite(), op.operator_name(),
         " returns a view, and its output shape depends on the data: it cannot be part of a "
         "step captured whole (trainingModel/inferenceModel). Compute it outside the model.");

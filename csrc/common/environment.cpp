@@ -1,8 +1,8 @@
 #include "common/environment.h"
 
-#include <c10/util/Exception.h>
-
 #include <cstdlib>
+
+#include "common/user_errors.h"
 
 namespace poptorch {
 
@@ -11,8 +11,8 @@ int64_t integerFromEnvironment(const char* name, int64_t fallback, int64_t minim
   if (value == nullptr || *value == '\0') return fallback;
   char* end = nullptr;
   const long long parsed = std::strtoll(value, &end, 10);
-  TORCH_CHECK_VALUE(end != value && *end == '\0' && parsed >= minimum, name,
-                    " must be an integer of at least ", minimum, ", got '", value, "'");
+  POPTORCH_CHECK_VALUE(end != value && *end == '\0' && parsed >= minimum, name,
+                       " must be an integer of at least ", minimum, ", got '", value, "'");
   return parsed;
 }
 

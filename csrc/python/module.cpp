@@ -4,11 +4,13 @@
 // logging, which every subsystem feeds, are here.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
 
 #include <string>
 
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/user_errors.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -48,6 +50,22 @@ void setLogLevel(const std::string& name) {
   logging::setLevel(level);
 }
 
+// Raises the poptorch.Error of `kind` through torch's bindings, which restore
+// the Python error a python_error carries. Only on a thread Python runs on:
+// another (a worker's) taking the GIL could wait for a thread that waits for
+// it; there the core raises c10's error.
+void raiseUserError(UserError kind, const std::string& message) {
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return;
+  py::gil_scoped_acquire gil;
+  const py::object error = py::module_::import("poptorch._errors")
+                               .attr(kind == UserError::kValue ? "ValueCompatibleError"
+                                                               : "UnsupportedError");
+  PyErr_SetObject(error.ptr(), error(message).ptr());
+  python_error raised;
+  raised.persist();
+  throw raised;
+}
+
 }  // namespace
 }  // namespace poptorch::python
 
@@ -60,6 +78,7 @@ PYBIND11_MODULE(_C, m) {
       "count_dynamo_graph", [](bool recompile) { Metrics::get().dynamoGraph(recompile); },
       py::arg("recompile"));
   m.def("set_log_level", &python::setLogLevel);
+  setUserErrorRaiser(&python::raiseUserError);
   python::bindDevice(m);
   python::bindShapeInference(m);
   python::bindCapture(m);

@@ -5,6 +5,7 @@
 
 #include "common/environment.h"
 #include "common/metrics.h"
+#include "common/user_errors.h"
 #include "compiler/pipeline_stages.h"
 #include "device/ipu_device.h"
 #include "runtime/executor.h"
@@ -19,7 +20,7 @@ namespace {
 // (for tests and measurements). Null for none.
 const Ranges* twoThreadRanges(const compiler::Executable& exe) {
   const int64_t mode = integerFromEnvironment("POPTORCH_INTER_OP", 0, 0);
-  TORCH_CHECK_VALUE(mode <= 2, "POPTORCH_INTER_OP must be 0, 1 or 2, got ", mode);
+  POPTORCH_CHECK_VALUE(mode <= 2, "POPTORCH_INTER_OP must be 0, 1 or 2, got ", mode);
   const compiler::NodeDependencies& deps = exe.dependencies;
   if (mode == 1 && !deps.parallel_ranges.empty()) return &deps.parallel_ranges;
   if (mode == 2 && deps.parallel()) return &deps.segments;
