@@ -208,6 +208,76 @@ def test_grouped_mm_is_the_cpus_and_reads_no_offsets_on_the_host():
     assert poptorch.metrics()["graphs_compiled"] == compiled, "specialised on the offsets"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_grouped_mm_of_the_cpus_dtypes_captures_in_lazy_mode(dtype):
+    """PyTorch's Meta kernel for _grouped_mm takes bfloat16 only (CUDA's rule): a float32 or
+    float16 one ran on the host, a graph break. The CPU's result (its dtype, the inputs') and
+    the CPU's errors at the call (strides not 16-byte aligned, out_dtype another dtype)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(10, 8, generator=g), torch.randn(3, 8, 8, generator=g)
+    upstream = torch.randn(10, 8, generator=g)  # not expanded: the CPU refuses zero strides
+    offs = torch.tensor([3, 3, 10], dtype=torch.int32)
+    poptorch.reset_metrics()
+    results = {}
+    for device in ("cpu", "ipu"):
+        x = a.to(device=device, dtype=dtype, copy=True).requires_grad_()
+        w = b.to(device=device, dtype=dtype, copy=True).requires_grad_()
+        y = F.grouped_mm(x, w, offs=offs.to(device))
+        (y.float() * upstream.to(device)).sum().backward()
+        results[device] = [y, x.grad, w.grad]
+    for cpu, ipu in zip(results["cpu"], results["ipu"]):
+        assert_same(cpu, ipu, rtol=0, atol=0)
+    assert poptorch.metrics()["fallback_ops"] == {}, poptorch.metrics()["fallback_ops"]
+    bad_calls = {
+        "strides should be multiple of 16 bytes": lambda d: (
+            a[:, :6].contiguous().to(d, dtype), b[:, :6].contiguous().to(d, dtype), {}),
+        "output dtype must match": lambda d: (a.to(d, dtype), b.to(d, dtype), {
+            "out_dtype": torch.float16 if dtype != torch.float16 else torch.float32}),
+    }
+    for message, arguments in bad_calls.items():
+        for device in ("cpu", "ipu"):
+            x, w, kwargs = arguments(device)
+            with pytest.raises(RuntimeError, match=message):
+                torch._grouped_mm(x, w, offs.to(device), **kwargs)
+
+
+@pytest.mark.parametrize("op", [
+    lambda x: torch.linalg.pinv(x),
+    lambda x: torch.linalg.pinv(x, atol=0.5),
+    lambda x: torch.linalg.pinv(x, rtol=0.3),
+    lambda x: torch.linalg.pinv(x @ x.mT, hermitian=True),
+    lambda x: torch.pinverse(x, rcond=0.2),
+    lambda x: torch.linalg.matrix_rank(x),
+    lambda x: torch.linalg.matrix_rank(x, atol=1.0, rtol=0.1),
+    lambda x: torch.linalg.matrix_rank(x @ x.mT, hermitian=True),
+    lambda x: torch.linalg.matrix_rank(x, tol=0.5),
+], ids=["pinv", "pinv_atol", "pinv_rtol", "pinv_hermitian", "pinverse", "matrix_rank",
+        "matrix_rank_tolerances", "matrix_rank_hermitian", "matrix_rank_tol"])
+@pytest.mark.parametrize("mode", ["grad", "inference_mode"])
+def test_tolerances_of_pinv_and_matrix_rank_work_in_float32(op, mode):
+    """The CPU computes their default tolerances as float64 tensors (also in float32), which
+    the ipu refused; they are the ops' own, and the results are the CPU's."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 5, 4, generator=g)
+    a[0, :, 3] = a[0, :, 0] + 1e-7  # a rank the tolerance decides
+    results = {}
+    for device in ("cpu", "ipu"):
+        x = a.to(device, copy=True)
+        if mode == "grad":
+            x.requires_grad_()
+            result = op(x)
+            if result.is_floating_point():
+                result.sum().backward()
+                results[device] = [result, x.grad]
+                continue
+            results[device] = [result]
+        else:
+            with torch.inference_mode():
+                results[device] = [op(x)]
+    for cpu, ipu in zip(results["cpu"], results["ipu"]):
+        assert_same(cpu, ipu, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("variant", ["functional", "out", "inplace"])
 def test_ldexp_of_integer_exponents_is_the_cpus(dtype, variant):

@@ -5,6 +5,7 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/ConvUtils.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/accumulate.h>
@@ -14,14 +15,38 @@
 
 namespace poptorch::capture {
 
+namespace {
+
+// A bfloat16 meta twin of `t` whose strides (but for unit strides) are
+// multiples of 16 bytes.
+at::Tensor alignedBFloat16(const at::Tensor& t) {
+  std::vector<int64_t> strides = t.strides().vec();
+  for (int64_t& stride : strides) stride = stride == 1 ? 1 : 8 * stride;
+  return at::empty_strided(t.sizes(), strides, t.options().dtype(at::kBFloat16));
+}
+
+}  // namespace
+
 // Arguments on which a PyTorch Meta kernel disagrees with the CPU kernel,
 // rewritten to ones that mean the same to the CPU. nansum (and nanmean, built
 // on it) reduces over every dim for an empty dim list on the CPU, but its Meta
 // kernel (meta_nansum in torch/_meta_registrations.py) reduces over none.
+// _grouped_mm's Meta kernel checks CUDA's rules: bfloat16 only, where the CPU
+// takes float32 and float16 too (its result is then the inputs' dtype,
+// correctForCpu): it is given aligned bfloat16 twins of the same sizes, and no
+// out_dtype. The CPU kernel's own checks (dtypes, 16-byte strides, out_dtype
+// the inputs') come from its run at the call (cpu_checks.h).
 void alignWithCpuKernel(const c10::OperatorHandle& op, torch::jit::Stack& meta_args) {
-  if (op.schema().name() == "aten::nansum" && meta_args.size() > 1 && meta_args[1].isIntList() &&
+  const std::string& name = op.schema().name();
+  if (name == "aten::nansum" && meta_args.size() > 1 && meta_args[1].isIntList() &&
       meta_args[1].toIntList().empty()) {
     meta_args[1] = c10::IValue();
+  }
+  if (name == "aten::_grouped_mm" && meta_args.size() == 5 && meta_args[0].isTensor() &&
+      meta_args[1].isTensor()) {
+    meta_args[0] = alignedBFloat16(meta_args[0].toTensor());
+    meta_args[1] = alignedBFloat16(meta_args[1].toTensor());
+    meta_args[4] = c10::IValue();
   }
 }
 
@@ -241,6 +266,9 @@ void correctForCpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arg
             contiguousLayout(result.returns[3].tensors[0].dtype, bag_size.sizes);
       }
     }
+  } else if (name == "aten::_grouped_mm") {
+    // The CPU's result has the inputs' dtype (alignWithCpuKernel).
+    result.returns[0].tensors[0].dtype = arguments[0].toTensor().scalar_type();
   } else if (name == "aten::max_unpool2d") {
     // The CPU gives a batched result the input's memory format.
     const at::Tensor& input = arguments[0].toTensor();

@@ -16,6 +16,7 @@ namespace poptorch::device {
 
 namespace {
 thread_local bool float64_scalars_allowed = false;
+thread_local bool float64_intermediates = false;
 
 // Integer tensors compute in the default dtype (`a / b`, `a.lt_(0.5)`), where
 // the user asked for no float64 tensor.
@@ -41,6 +42,11 @@ bool inDerivativeFormula() {
 }
 }  // namespace
 
+Float64Intermediates::Float64Intermediates()
+    : previous_(std::exchange(float64_intermediates, true)) {}
+
+Float64Intermediates::~Float64Intermediates() { float64_intermediates = previous_; }
+
 bool setFloat64ScalarsAllowed(bool allowed) {
   return std::exchange(float64_scalars_allowed, allowed);
 }
@@ -58,7 +64,9 @@ std::string unsupportedDtypeMessage(c10::ScalarType dtype) {
 
 void checkSupportedDtype(c10::ScalarType dtype, bool scalar) {
   if (!isUnsupportedDtype(dtype)) return;
-  if ((scalar && float64_scalars_allowed) || inDerivativeFormula()) return;
+  if ((scalar && float64_scalars_allowed) || float64_intermediates || inDerivativeFormula()) {
+    return;
+  }
   TORCH_CHECK_TYPE(false, unsupportedDtypeMessage(dtype));
 }
 

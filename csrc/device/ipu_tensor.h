@@ -9,7 +9,8 @@ namespace poptorch::device {
 
 // Throws a TypeError for dtypes an IPU cannot hold (64-bit floating point), unless
 // `scalar` (a 0-dim tensor) and this thread allows float64 scalars, or the autograd
-// engine is applying one of PyTorch's derivative formulas (whose own float64 it is).
+// engine is applying one of PyTorch's derivative formulas (whose own float64 it is), or
+// a Float64Intermediates lives.
 void checkSupportedDtype(c10::ScalarType dtype, bool scalar = false);
 
 // True for the dtypes an IPU cannot hold; why, and what to do (the message of
@@ -21,6 +22,21 @@ std::string unsupportedDtypeMessage(c10::ScalarType dtype);
 // Only torch.amp.GradScaler needs them: it computes its inverse scale as
 // scale.double().reciprocal().float() (poptorch/_grad_scaler.py).
 bool setFloat64ScalarsAllowed(bool allowed);
+
+// While one lives, this thread may make float64 ipu tensors of any shape: an op's
+// kernel computes intermediates in float64 for float32 inputs on the CPU, and its
+// results are not float64 (linalg.pinv's and linalg.matrix_rank's tolerances; see
+// capture/float64_intermediates.cpp). The user never holds one.
+class Float64Intermediates {
+ public:
+  Float64Intermediates();
+  ~Float64Intermediates();
+  Float64Intermediates(const Float64Intermediates&) = delete;
+  Float64Intermediates& operator=(const Float64Intermediates&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // A new ipu tensor with the given layout whose bytes are reserved on ipu:index
 // but not yet computed.
