@@ -18,6 +18,7 @@
 #include <ATen/ops/_neg_view.h>
 #include <ATen/ops/view_as_complex.h>
 #include <ATen/ops/view_as_real.h>
+#include <c10/core/AutogradState.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
@@ -122,7 +123,9 @@ void matchTheCpu(const at::Tensor& base, const at::Tensor& view, bool forward,
 void matchTheCpu(const at::Tensor& base, const at::Tensor& view, const c10::OperatorHandle& op,
                  const std::vector<c10::IValue>& args) {
   const DifferentiableViewMeta* meta = torch::autograd::impl::get_view_autograd_meta(view);
-  if (meta == nullptr) return;
+  // With view replay on (torch.autograd._force_original_view_tracking), the CPU
+  // gives every view its view functions too: the ipu's are the CPU's already.
+  if (meta == nullptr || c10::AutogradState::get_tls_state().get_view_replay_enabled()) return;
   matchTheCpu(base, view, /*forward=*/false, op, args);
   // A shared info serves both directions.
   if (!meta->shared_view_info()) matchTheCpu(base, view, /*forward=*/true, op, args);
