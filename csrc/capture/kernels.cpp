@@ -528,7 +528,13 @@ TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("_to_copy", TORCH_FN(toCopy)); }
 // model's step on each batch's routing (a new variant per batch); its output's
 // shape depends on no value, so it captures whole (in lazy mode bfloat16 only:
 // PyTorch's Meta kernel refuses the CPU's float32, which then runs on the host).
+// _safe_softmax (attention's math path) has only a generic kernel, four ops on
+// any device; whole, passes::useOwnKernels runs it as one (the CPU's values).
 namespace {
+bool capturedWholeForOwnKernel(const c10::OperatorName& name) {
+  return name.name == "aten::_safe_softmax" && name.overload_name.empty();
+}
+
 bool genericKernelDispatchesByDevice(const c10::OperatorName& name) {
   if (name.name == "aten::convolution" || name.name == "aten::convolution_backward" ||
       name.name == "aten::ldexp" || name.name == "aten::ldexp_" ||
@@ -553,7 +559,7 @@ struct CaptureHostKernelOps {
           op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
           op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
       const bool wanted = (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) && has_math_kernel) ||
-                          genericKernelDispatchesByDevice(name);
+                          genericKernelDispatchesByDevice(name) || capturedWholeForOwnKernel(name);
       if (!wanted || op.hasKernelForDispatchKey(c10::DispatchKey::IPU)) continue;
       const std::string qualified = name.overload_name.empty()
                                         ? name.name.substr(6)

@@ -105,7 +105,8 @@ bool Node::hasHostEffects() const {
       "poptorch::tanh",
       "poptorch::tanh_gelu",
       "poptorch::max_pool2d_with_indices",
-      "poptorch::max_pool2d_with_indices_backward"};
+      "poptorch::max_pool2d_with_indices_backward",
+      "poptorch::_safe_softmax"};
   if (std::find(std::begin(kFusedKernels), std::end(kFusedKernels), qualified) !=
       std::end(kFusedKernels)) {
     return false;

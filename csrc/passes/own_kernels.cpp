@@ -18,7 +18,7 @@ const std::vector<OwnKernel>& ownKernels() {
   static const std::vector<OwnKernel> kernels = [] {
     std::vector<OwnKernel> table;
     for (const char* name :
-         {"tanh", "max_pool2d_with_indices", "max_pool2d_with_indices_backward"}) {
+         {"tanh", "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "_safe_softmax"}) {
       table.push_back({std::string("aten::") + name,
                        c10::Dispatcher::singleton().findSchemaOrThrow(
                            (std::string("poptorch::") + name).c_str(), "")});

@@ -70,6 +70,9 @@ ir::Graph useCounterBasedRandomFills(ir::Graph graph);
 //   with stride 2 over NCHW tensors vectorised, where the CPU's NCHW kernel is
 //   a scalar loop. Values and indices bit for bit the CPU's; other poolings
 //   run the CPU's kernels.
+// - aten::_safe_softmax (attention's math path) as poptorch::_safe_softmax:
+//   aten's softmax kernel and a scan for rows of -inf alone, where aten runs
+//   four kernels (softmax, == -inf, a scalar `all`, `where`). Bit for bit.
 ir::Graph useOwnKernels(ir::Graph graph);
 
 }  // namespace poptorch::passes
