@@ -3,6 +3,9 @@ nodes run in program order, the same at every run, and failures stay where they 
 POPTORCH_INTER_OP=2 runs every segment of independent nodes on two threads, 1 those
 where the estimate of the kernels' times says it pays (compiler/parallel_ranges.h)."""
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -115,3 +118,36 @@ def test_a_failing_branch_leaves_the_independent_one_computed(monkeypatch):
         torch.testing.assert_close(value.cpu(), reference)
     with pytest.raises(IndexError, match="index out of range"):
         bad.cpu()
+
+
+def test_a_forked_child_exits_cleanly_after_the_parent_used_two_threads(tmp_path):
+    """The parent started the second thread; its child has a copy of the handle but no
+    such thread, and exits with its own status: destroying the copied handle aborted it
+    (SIGABRT). The child runs no kernel: libgomp's threads do not survive fork(), so
+    eager PyTorch hangs there too."""
+    script = tmp_path / "fork_child.py"
+    script.write_text(
+        "import os, sys, torch, poptorch\n"
+        "torch.set_num_threads(2)\n"
+        "torch.manual_seed(0)\n"
+        "class Branches(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.a, self.b = torch.nn.Linear(512, 512), torch.nn.Linear(512, 512)\n"
+        "    def forward(self, x, y):\n"
+        "        return torch.nn.functional.mse_loss(self.a(x) + self.b(x), y)\n"
+        "model = Branches()\n"
+        "training = poptorch.trainingModel(model, poptorch.Options(),\n"
+        "                                  torch.optim.SGD(model.parameters(), lr=0.01))\n"
+        "x, y = torch.randn(64, 512), torch.randn(64, 512)\n"
+        "training(x, y)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    sys.exit(7)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n")
+    env = dict(os.environ, POPTORCH_INTER_OP="2", PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["7"], done.stdout + done.stderr

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -110,29 +111,38 @@ class SecondThread {
     if (owner != 0 && owner != getpid()) return false;
     std::unique_lock<std::mutex> caller(caller_, std::try_to_lock);
     if (!caller) return false;
+    Threading& t = *threading_;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!thread_.joinable()) {
+      std::lock_guard<std::mutex> lock(t.mutex);
+      if (!t.thread.joinable()) {
         owner_ = getpid();
-        thread_ = std::thread([this] { loop(); });
+        t.thread = std::thread([this] { loop(); });
       }
       job_ = &theirs;
       done_ = false;
     }
-    changed_.notify_all();
+    t.changed.notify_all();
     mine();  // does not throw (see runSegmentOnTwoThreads)
-    std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [this] { return done_; });
+    std::unique_lock<std::mutex> lock(t.mutex);
+    t.changed.wait(lock, [this] { return done_; });
     return true;
   }
 
   ~SecondThread() {
+    if (owner_.load() != 0 && owner_.load() != getpid()) {
+      // A child of fork() holds copies of its parent's thread handle and
+      // condition variable, not a thread: destroying the joinable handle would
+      // abort, and the condition variable counts the parent's waiting thread,
+      // so destroying it would wait for ever. Both are let go.
+      static_cast<void>(threading_.release());
+      return;
+    }
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<std::mutex> lock(threading_->mutex);
       stopping_ = true;
     }
-    changed_.notify_all();
-    if (thread_.joinable() && owner_.load() == getpid()) thread_.join();
+    threading_->changed.notify_all();
+    if (threading_->thread.joinable()) threading_->thread.join();
   }
 
  private:
@@ -141,27 +151,32 @@ class SecondThread {
   void loop() {
     at::internal::lazy_init_num_threads();  // which would set the count again
     omp_set_num_threads(1);
-    std::unique_lock<std::mutex> lock(mutex_);
+    Threading& t = *threading_;
+    std::unique_lock<std::mutex> lock(t.mutex);
     while (true) {
-      changed_.wait(lock, [this] { return stopping_ || job_ != nullptr; });
+      t.changed.wait(lock, [this] { return stopping_ || job_ != nullptr; });
       if (stopping_) return;
       const std::function<void()>* job = std::exchange(job_, nullptr);
       lock.unlock();
       (*job)();
       lock.lock();
       done_ = true;
-      changed_.notify_all();
+      t.changed.notify_all();
     }
   }
 
+  struct Threading {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::thread thread;  // started by the first tryRun
+  };
+
   std::mutex caller_;  // held by the caller whose segment runs
-  std::mutex mutex_;
-  std::condition_variable changed_;
+  std::unique_ptr<Threading> threading_ = std::make_unique<Threading>();
   const std::function<void()>* job_ = nullptr;
   bool done_ = true;
   bool stopping_ = false;
   std::atomic<pid_t> owner_{0};  // the process that started the thread
-  std::thread thread_;
 };
 
 }  // namespace
