@@ -127,7 +127,8 @@ def ipuHardwareVersion() -> int:
 __all__ = [
     "AsynchronousDataAccessor", "DataLoader", "autocast", "autocasting", "Error",
     "ICustomArgParser", "Options", "PoplarExecutor", "RecoverableError",
-    "TensorLocationSettings", "UnrecoverableError", "UnsupportedError", "enums", "identity_loss", "inferenceModel",
+    "TensorLocationSettings", "UnrecoverableError", "UnsupportedError", "ValueCompatibleError",
+    "enums", "identity_loss", "inferenceModel",
     "ipuHardwareIsAvailable", "ipuHardwareVersion", "isRunningOnIpu", "load", "logger",
     "metrics", "module_repr", "optim", "profiling", "registerCustomArgParser",
     "registerPostCompileHook",

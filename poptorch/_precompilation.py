@@ -55,10 +55,10 @@ def write(filename: str, payload: Dict[str, Any]) -> None:
                    error.strerror or str(error))
             raise Error(f"cannot write {filename}: cannot make its directory {directory} "
                         f"({why}). Save to a path in a directory you can write to") from None
-    if _model_file(filename) != filename:
-        logger.warning("%s is a directory: saving the model to %s", filename,
-                       _model_file(filename))
-        filename = _model_file(filename)
+    target = _model_file(filename)
+    if target != filename:
+        logger.warning("%s is a directory: saving the model to %s", filename, target)
+        filename = target
     buffer = io.BytesIO()
     try:
         torch.save(payload, buffer)

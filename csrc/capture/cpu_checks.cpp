@@ -185,11 +185,14 @@ struct Raised {
   bool same(const Raised& other) const { return *type == *other.type && message == other.message; }
 };
 
-// The layout of a result the kernel made, with its storage's size.
+// The layout of a result the kernel made, with its storage's size where the
+// kernel left more than the layout needs (Layout::storage_nbytes).
 std::optional<Layout> denseLayout(const at::Tensor& t, const StandIns& stand_ins) {
   if (!t.defined() || !t.is_non_overlapping_and_dense()) return std::nullopt;
   Layout layout = layoutOf(t);
-  if (!stand_ins.holds(t.storage())) {
+  const size_t needed = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize(),
+                                                         t.storage_offset());
+  if (!stand_ins.holds(t.storage()) && t.storage().nbytes() > needed) {
     layout.storage_nbytes = static_cast<int64_t>(t.storage().nbytes());
   }
   return layout;
