@@ -67,6 +67,7 @@ class ProcessReplicas:
         try:
             dist.all_reduce(counts, op=dist.ReduceOp.MAX)
         except RuntimeError as error:
+            _keep_until_exit(counts)
             raise self._failed("agreeing on the parameters to update", error) from error
         return counts > 0
 
@@ -79,14 +80,15 @@ class ProcessReplicas:
         by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
         for view in views:
             by_dtype.setdefault(view.dtype, []).append(view)
-        try:
-            for group in by_dtype.values():
-                flat = _flatten_dense_tensors(group)
+        for group in by_dtype.values():
+            flat = _flatten_dense_tensors(group)
+            try:
                 collective(flat)
-                for view, value in zip(group, _unflatten_dense_tensors(flat, group)):
-                    view.copy_(value)
-        except RuntimeError as error:
-            raise self._failed(what, error) from error
+            except RuntimeError as error:
+                _keep_until_exit(flat)
+                raise self._failed(what, error) from error
+            for view, value in zip(group, _unflatten_dense_tensors(flat, group)):
+                view.copy_(value)
 
     def _failed(self, what: str, error: RuntimeError) -> Error:
         return Error(
@@ -94,6 +96,20 @@ class ProcessReplicas:
             "Another process has probably stopped (look at its error) or did not reach "
             "the same step within the timeout (Options.Distributed.setTimeout, "
             f"{self._timeout:g} s when poptorch creates the process group)")
+
+
+# The tensors of collectives that failed. gloo's worker thread still holds a
+# failed collective's tensors for a moment after the error reaches the caller;
+# if their Python objects die first, the tensors take them over, and the worker
+# must take the GIL to release them: in a process exiting on that error, during
+# interpreter finalisation, where taking the GIL ends the thread and aborts the
+# process ("terminate called without an active exception"). Kept here, the
+# worker releases only its C++ references.
+_FAILED_COLLECTIVES: List[torch.Tensor] = []
+
+
+def _keep_until_exit(tensor: torch.Tensor) -> None:
+    _FAILED_COLLECTIVES.append(tensor)
 
 
 def _join(process_id: int, num_processes: int, timeout: float) -> None:
