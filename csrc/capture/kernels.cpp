@@ -37,6 +37,7 @@
 #include "common/user_errors.h"
 #include "device/ipu_device.h"
 #include "device/ipu_tensor.h"
+#include "kernels/own_kernels.h"
 #include "profiling/profiler.h"
 #include "runtime/executor.h"
 #include "runtime/worker.h"
@@ -529,10 +530,11 @@ TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("_to_copy", TORCH_FN(toCopy)); }
 // shape depends on no value, so it captures whole (in lazy mode bfloat16 only:
 // PyTorch's Meta kernel refuses the CPU's float32, which then runs on the host).
 // _safe_softmax (attention's math path) has only a generic kernel, four ops on
-// any device; whole, passes::useOwnKernels runs it as one (the CPU's values).
+// any device; whole, passes::useOwnKernels runs it as one (the CPU's values):
+// kernels/own_kernels.h lists such ops.
 namespace {
 bool capturedWholeForOwnKernel(const c10::OperatorName& name) {
-  return name.name == "aten::_safe_softmax" && name.overload_name.empty();
+  return name.overload_name.empty() && kernels::atenCapturedWhole(name.name);
 }
 
 bool genericKernelDispatchesByDevice(const c10::OperatorName& name) {

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string_view>
 
+#include "kernels/own_kernels.h"
+
 namespace poptorch::ir {
 
 int64_t TensorRef::numel() const {
@@ -98,19 +100,7 @@ bool Node::hasHostEffects() const {
   // Guards check a value and have no effect when they hold.
   if (guard != Guard::kNone) return false;
   const std::string& qualified = op.operator_name().name;
-  // poptorch's fused kernels (csrc/kernels) compute on their arguments only.
-  static constexpr std::string_view kFusedKernels[] = {
-      "poptorch::sgd_momentum_",
-      "poptorch::bernoulli_",
-      "poptorch::tanh",
-      "poptorch::tanh_gelu",
-      "poptorch::max_pool2d_with_indices",
-      "poptorch::max_pool2d_with_indices_backward",
-      "poptorch::_safe_softmax"};
-  if (std::find(std::begin(kFusedKernels), std::end(kFusedKernels), qualified) !=
-      std::end(kFusedKernels)) {
-    return false;
-  }
+  if (kernels::isOwnKernel(qualified)) return false;
   return !absl::StartsWith(qualified, "aten::") && !absl::StartsWith(qualified, "prims::");
 }
 

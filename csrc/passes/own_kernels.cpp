@@ -2,6 +2,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/own_kernels.h"
 #include "passes/passes.h"
 
 namespace poptorch::passes {
@@ -9,29 +10,29 @@ namespace {
 
 // An aten op (its overload "") and poptorch's kernel for it (csrc/kernels), an
 // op with the same arguments and results.
-struct OwnKernel {
+struct OwnKernelFor {
   std::string aten;
   c10::OperatorHandle own;
 };
 
-const std::vector<OwnKernel>& ownKernels() {
-  static const std::vector<OwnKernel> kernels = [] {
-    std::vector<OwnKernel> table;
-    for (const char* name :
-         {"tanh", "max_pool2d_with_indices", "max_pool2d_with_indices_backward", "_safe_softmax"}) {
-      table.push_back({std::string("aten::") + name,
-                       c10::Dispatcher::singleton().findSchemaOrThrow(
-                           (std::string("poptorch::") + name).c_str(), "")});
+const std::vector<OwnKernelFor>& ownKernels() {
+  static const std::vector<OwnKernelFor> substitutes = [] {
+    std::vector<OwnKernelFor> table;
+    for (const kernels::OwnKernel& kernel : kernels::kOwnKernels) {
+      if (kernel.stands_for.empty()) continue;
+      const std::string own = "poptorch::" + std::string(kernel.name);
+      table.push_back({"aten::" + std::string(kernel.stands_for),
+                       c10::Dispatcher::singleton().findSchemaOrThrow(own.c_str(), "")});
     }
     return table;
   }();
-  return kernels;
+  return substitutes;
 }
 
 }  // namespace
 
 ir::Graph useOwnKernels(ir::Graph graph) {
-  const std::vector<OwnKernel>& kernels = ownKernels();
+  const std::vector<OwnKernelFor>& substitutes = ownKernels();
   for (ir::Node& node : graph.nodes) {
     const c10::OperatorName& name = node.op.operator_name();
     // Their fast paths are float32 only; other dtypes stay aten's.
@@ -39,9 +40,9 @@ ir::Graph useOwnKernels(ir::Graph graph) {
         node.inputs[0].dtype != c10::ScalarType::Float) {
       continue;
     }
-    const auto kernel = std::find_if(kernels.begin(), kernels.end(),
-                                     [&](const OwnKernel& k) { return k.aten == name.name; });
-    if (kernel != kernels.end()) node.op = kernel->own;
+    const auto kernel = std::find_if(substitutes.begin(), substitutes.end(),
+                                     [&](const OwnKernelFor& k) { return k.aten == name.name; });
+    if (kernel != substitutes.end()) node.op = kernel->own;
   }
   return graph;
 }
