@@ -137,3 +137,50 @@ def test_other_convolutions_keep_their_results_and_gradients(make):
     assert_same(expected.detach(), got.detach(), rtol=1e-5, atol=1e-5)
     assert_same(x.grad, ipu_x.grad, rtol=1e-5, atol=1e-5)
     assert_same(conv.weight.grad, ipu_conv.weight.grad, rtol=1e-5, atol=1e-5)
+
+
+def _group_norm_gradients(device, x, grad, norm, create_graph):
+    layer = copy.deepcopy(norm).to(device)
+    inp = x.to(device).detach().requires_grad_()
+    out = layer(inp)
+    grads = torch.autograd.grad(out, (inp, layer.weight, layer.bias), grad.to(device),
+                                create_graph=create_graph)
+    if create_graph:  # and grad of grad, through PyTorch's differentiable formula
+        (grads[0].pow(2).sum() + grads[1].pow(2).sum()).backward()
+        return (out, *grads, inp.grad, layer.weight.grad)
+    return (out, *grads)
+
+
+# PyTorch's derivative of group norm hands its backward kernel contiguous operands on every
+# device but the CPU (and XPU), which made a channels-last input's gradient contiguous on the
+# ipu (test_modules.py's test_memory_format); the ipu runs the CPU's kernels, so it takes the
+# CPU's branch: the CPU's layouts, and its values bit for bit.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("memory_format,shape", [(torch.channels_last, (2, 6, 5, 4)),
+                                                 (torch.channels_last_3d, (2, 6, 3, 4, 2))],
+                         ids=["channels_last", "channels_last_3d"])
+@pytest.mark.parametrize("create_graph", [False, True], ids=["backward", "double_backward"])
+def test_group_norm_gradients_of_channels_last_inputs_are_the_cpus(dtype, memory_format, shape,
+                                                                   create_graph):
+    torch.manual_seed(0)
+    x = torch.randn(shape).to(dtype=dtype, memory_format=memory_format)
+    grad = torch.randn(shape).to(dtype)
+    norm = nn.GroupNorm(3, shape[1]).to(dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    expected = _group_norm_gradients("cpu", x, grad, norm, create_graph)
+    got = _group_norm_gradients("ipu", x, grad, norm, create_graph)
+    assert [t.stride() for t in got] == [t.stride() for t in expected]
+    assert_same(expected, got, rtol=0, atol=0)
+
+
+# The ipu's autograd kernel for group norm keeps PyTorch's forward-mode formula, whose views
+# of a channels-last tangent fail on the CPU too.
+def test_forward_mode_group_norm_of_a_channels_last_input_fails_as_on_the_cpu():
+    import torch.autograd.forward_ad as fwad
+    x = torch.randn(2, 6, 5, 4).to(memory_format=torch.channels_last)
+    for device in ("cpu", "ipu"):
+        dual = (x.to(device), torch.randn_like(x).to(device))
+        with fwad.dual_level(), pytest.raises(RuntimeError, match="view size is not compatible"):
+            nn.functional.group_norm(fwad.make_dual(*dual), 3)

@@ -24,6 +24,8 @@
 
 #include <string_view>
 
+#include "capture/own_autograd_kernel.h"
+
 namespace poptorch::capture {
 namespace {
 
@@ -142,11 +144,7 @@ void viewWithTheCpusMetadata(const c10::OperatorHandle& op, c10::DispatchKeySet 
   if (inverseOfMetadataView(op.schema().name()) != nullptr) {
     args.assign(stack->end() - static_cast<std::ptrdiff_t>(num_args) + 1, stack->end());
   }
-  // Only the keys below this one, as every kernel redispatches (the Python
-  // dispatcher's keys above would come back here).
-  constexpr c10::DispatchKeySet kBelow(c10::DispatchKeySet::FULL_AFTER,
-                                       c10::DispatchKey::AutogradFunctionality);
-  op.redispatchBoxed((keys & kBelow).add(c10::DispatchKey::AutogradOther), stack);
+  op.redispatchBoxed(ownAutogradKernel(keys), stack);
   for (size_t i = stack->size() - op.schema().returns().size(); i < stack->size(); ++i) {
     const c10::IValue& result = (*stack)[i];
     if (result.isTensor()) {
