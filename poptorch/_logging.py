@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Optional, Tuple, Union
 
 from . import _C
+from ._errors import ValueCompatibleError
 
 _LEVELS = {
     "OFF": logging.CRITICAL + 10,
@@ -69,12 +70,16 @@ def setLogLevel(level: Union[str, int]) -> None:
     1 (DEBUG), 2 (INFO), 3 (WARN), 4 (ERR) and 6 (OFF)."""
     if isinstance(level, int) and not isinstance(level, bool):
         if level not in _NUMBERED:
-            raise ValueError(f"unknown log level {level}: use one of "
-                             f"{', '.join(f'{n} ({name})' for n, name in _NUMBERED.items())}")
+            raise ValueCompatibleError(
+                f"unknown log level {level}: use one of "
+                f"{', '.join(f'{n} ({name})' for n, name in _NUMBERED.items())}, or a name: "
+                f"{', '.join(_LEVELS)}")
         level = _NUMBERED[level]
     name = str(level).upper()
     if name not in _LEVELS:
-        raise ValueError(f"unknown log level {level!r}: use one of {', '.join(_LEVELS)}")
+        raise ValueCompatibleError(f"unknown log level {level!r}: use one of "
+                                   f"{', '.join(_LEVELS)} (or PopTorch's integers "
+                                   f"{', '.join(map(str, _NUMBERED))})")
     _C.set_log_level("DEBUG" if name == "DEBUG_IR" else name)
     logger.setLevel(_LEVELS[name])
 

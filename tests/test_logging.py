@@ -22,10 +22,20 @@ def test_debug_logs_compilation():
     assert "compiling a graph of" in stderr
 
 
-def test_set_log_level_rejects_unknown_levels():
-    with pytest.raises(ValueError, match="unknown log level"):
-        poptorch.setLogLevel("LOUD")
-    poptorch.setLogLevel("INFO")
+@pytest.mark.parametrize("level, named", [
+    ("LOUD", "'LOUD': use one of OFF, ERR, WARN, INFO, DEBUG, DEBUG_IR, TRACE, TRACE_ALL "
+             "(or PopTorch's integers 0, 1, 2, 3, 4, 6)"),
+    (5, "5: use one of 0 (TRACE), 1 (DEBUG), 2 (INFO), 3 (WARN), 4 (ERR), 6 (OFF), or a "
+        "name: OFF, ERR"),
+    (None, "None: use one of OFF")])
+def test_set_log_level_rejects_unknown_levels_naming_the_valid_ones(level, named):
+    # A plain ValueError before: now a poptorch.Error, still a ValueError.
+    before = poptorch.logger.level
+    with pytest.raises(poptorch.Error, match="unknown log level ") as info:
+        poptorch.setLogLevel(level)
+    assert isinstance(info.value, ValueError)
+    assert named in str(info.value)
+    assert poptorch.logger.level == before
 
 
 def test_an_unknown_level_in_the_environment_is_said_and_info_used():
