@@ -94,6 +94,8 @@ FACTORIES_INTO_VIEWS = {
     "arange": lambda out: torch.arange(0, 4, out=out),
     "linspace": lambda out: torch.linspace(0, 1, 4, out=out),
     "logspace": lambda out: torch.logspace(0, 1, 4, out=out),
+    # Into an out= of its size: resize_ leaves the view's strides alone.
+    "full": lambda out: torch.full(out.shape, 2.5, out=out),
 }
 
 
@@ -133,3 +135,18 @@ def test_mode_writes_its_out_tensors_as_on_the_cpu():
         results[device] = (values, indices)
     assert_same(results["cpu"][0], results["ipu"][0])
     assert_same(results["cpu"][1], results["ipu"][1])
+
+
+@pytest.mark.parametrize("op", [torch.softmax, torch.log_softmax])
+def test_softmax_into_a_strided_out_keeps_its_strides(op):
+    """softmax.int_out computes into a contiguous temporary, then resize_s its out= tensor to
+    its own size and copies: resize_ must leave a strided out= tensor's layout alone."""
+    x = torch.randn(3, 5)
+    results = {}
+    for device in ("cpu", "ipu"):
+        base = torch.zeros(3, 10, device=device)
+        out = base[:, ::2]
+        assert op(x.to(device), 1, out=out) is out
+        results[device] = (base, out.stride())
+    assert results["ipu"][1] == results["cpu"][1]
+    assert_same(results["cpu"][0], results["ipu"][0])

@@ -171,3 +171,20 @@ def test_an_out_tensor_resized_from_size_one_dims_has_the_cpu_strides():
         torch.clamp(t, -1, 1, out=out)
         return out
     check(run, SIZE_ONE_DIMS)
+
+
+
+@pytest.mark.parametrize("format", [None, torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("layout", ["transposed", "strided_slice", "channels_last"])
+def test_resize_to_its_own_size_keeps_the_strides_unless_a_format_is_asked(layout, format):
+    t = {"transposed": TRANSPOSED, "strided_slice": STRIDED_SLICE,
+         "channels_last": CHANNELS_LAST}[layout]
+    if format is torch.channels_last and t.dim() != 4:
+        pytest.skip("channels_last is for 4-d tensors")
+    kwargs = {} if format is None else {"memory_format": format}
+    resized = {device: same_layout(t, device).resize_(t.shape, **kwargs)
+               for device in ("cpu", "ipu")}
+    assert resized["ipu"].stride() == resized["cpu"].stride()
+    assert resized["ipu"].storage_offset() == resized["cpu"].storage_offset()
+    if format is None:  # the elements are unchanged
+        assert_same(resized["cpu"], resized["ipu"])

@@ -184,9 +184,12 @@ void ensureCapacity(const at::Tensor& self, c10::IntArrayRef sizes, c10::IntArra
   PendingGraph::get().noteResize(storage);
 }
 
+// As the CPU's resize_: a tensor that has the size asked for, and no memory
+// format asked, keeps its strides (full(out=view) writes through the view).
 const at::Tensor& resizeIpu(const at::Tensor& self, c10::IntArrayRef size,
                             std::optional<c10::MemoryFormat> memory_format) {
   at::detail::check_size_nonnegative(size);
+  if (!memory_format && self.sizes().equals(size)) return self;
   const auto strides = stridesFor(size, memory_format.value_or(c10::MemoryFormat::Contiguous));
   const auto old_nbytes = static_cast<int64_t>(self.storage().nbytes());
   ensureCapacity(self, size, strides);
