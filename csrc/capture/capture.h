@@ -3,6 +3,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
 
 #include <memory>
 #include <optional>
@@ -32,6 +33,10 @@ std::string opName(const c10::OperatorHandle& op);
 // ipu tensors (layouts.cpp; the sparse and nested ipu keys refuse the rest).
 void checkResultIsStrided(const c10::OperatorHandle& op);
 
+// An op's results as capture returns them, one per schema return: inline
+// for the common op, as capture makes them at every call.
+using CapturedResults = c10::SmallVector<c10::IValue, 3>;
+
 // Records `op` on the stack's arguments as a node of the pending graph and
 // replaces them with its (lazy) results. Returns false, leaving the stack
 // alone, when the op's Meta kernel cannot infer its outputs. Tensors must all be
@@ -50,9 +55,9 @@ size_t writtenArgumentIndex(const c10::FunctionSchema& schema, size_t return_ind
 // replaces some), for ops never captured, and when the Meta kernel cannot
 // infer the results. Returns that are written arguments are None there (see
 // writtenArgumentIndex).
-std::optional<std::vector<c10::IValue>> captureBorrowed(const c10::OperatorHandle& op,
-                                                        c10::ArrayRef<c10::IValue> arguments,
-                                                        bool allow_several_ipus = false);
+std::optional<CapturedResults> captureBorrowed(const c10::OperatorHandle& op,
+                                               c10::ArrayRef<c10::IValue> arguments,
+                                               bool allow_several_ipus = false);
 
 // An operator an unboxed kernel captures (unboxed.h), looked up once: its
 // handle, its traits, and whether it is capturable at all (it has a CPU kernel
@@ -66,8 +71,8 @@ struct UnboxedOp {
 };
 
 // captureBorrowed for an unboxed kernel's operator.
-std::optional<std::vector<c10::IValue>> captureBorrowed(const UnboxedOp& unboxed,
-                                                        c10::ArrayRef<c10::IValue> arguments);
+std::optional<CapturedResults> captureBorrowed(const UnboxedOp& unboxed,
+                                               c10::ArrayRef<c10::IValue> arguments);
 
 // The ipu device `op` runs on (a factory: the one it asks for). Host tensors
 // in its index lists are uploaded there, on the stack.

@@ -361,9 +361,9 @@ void moveFreshResultsToIpu(const c10::OperatorHandle& op, c10::Device ipu,
 
 // recordNode, prepareArguments and captureOp with the op's traits, looked up
 // once per call. Reads the arguments only, and returns the op's results.
-std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& traits,
-                                c10::ArrayRef<c10::IValue> arguments, c10::Device device,
-                                const MetaResult& meta, ir::Guard guard) {
+CapturedResults record(const c10::OperatorHandle& op, const OpTraits& traits,
+                       c10::ArrayRef<c10::IValue> arguments, c10::Device device,
+                       const MetaResult& meta, ir::Guard guard) {
   const c10::FunctionSchema& schema = op.schema();
   const size_t num_args = traits.args.size();
   auto lock = PendingGraph::get().lock();
@@ -431,7 +431,7 @@ std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& t
     return ipu;
   });
 
-  std::vector<c10::IValue> results;
+  CapturedResults results;
   results.reserve(meta.returns.size());
   node.fresh_returns.reserve(meta.returns.size());
   bool only_views = !meta.returns.empty() && node.writes.empty();
@@ -465,23 +465,22 @@ std::vector<c10::IValue> record(const c10::OperatorHandle& op, const OpTraits& t
 // default dtype (`a.lt_(0.5)`): its out-of-place twin on the cast arguments,
 // whose result is copied into the written tensor. The returns are the written
 // tensor (see replaceArguments).
-std::vector<c10::IValue> recordThroughTwin(const c10::OperatorHandle& op,
-                                           const c10::OperatorHandle& twin,
-                                           c10::ArrayRef<c10::IValue> arguments,
-                                           c10::ArrayRef<c10::IValue> cast, c10::Device device,
-                                           const MetaResult& cast_meta) {
-  const std::vector<c10::IValue> result =
+CapturedResults recordThroughTwin(const c10::OperatorHandle& op, const c10::OperatorHandle& twin,
+                                  c10::ArrayRef<c10::IValue> arguments,
+                                  c10::ArrayRef<c10::IValue> cast, c10::Device device,
+                                  const MetaResult& cast_meta) {
+  const CapturedResults result =
       record(twin, traitsOf(twin), cast, device, cast_meta, ir::Guard::kNone);
   arguments[0].toTensor().copy_(result[0].toTensor());
-  return std::vector<c10::IValue>(op.schema().returns().size());
+  return CapturedResults(op.schema().returns().size());
 }
 
 // record() for an ordinary call. One whose kernel would read the default dtype
 // when it runs computes on its integer inputs cast to the default dtype of the
 // call instead (default_dtype.h), as the CPU kernel computes at the call.
-std::vector<c10::IValue> recordCall(const c10::OperatorHandle& op, const OpTraits& traits,
-                                    c10::ArrayRef<c10::IValue> arguments, c10::Device device,
-                                    const MetaResult& meta) {
+CapturedResults recordCall(const c10::OperatorHandle& op, const OpTraits& traits,
+                           c10::ArrayRef<c10::IValue> arguments, c10::Device device,
+                           const MetaResult& meta) {
   const DefaultDtypeCasts& casts = meta.default_dtype_casts;
   const std::optional<std::shared_ptr<const MetaResult>>& cast_call = meta.cast_call;
   if (casts.any() && (!cast_call || *cast_call)) {
@@ -507,7 +506,7 @@ std::vector<c10::IValue> recordCall(const c10::OperatorHandle& op, const OpTrait
 // The arguments of `op` on `stack` replaced by `results` from record(), the
 // written arguments it returns in their place.
 void replaceArguments(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t num_args,
-                      std::vector<c10::IValue> results) {
+                      CapturedResults results) {
   const c10::FunctionSchema& schema = op.schema();
   const c10::ArrayRef<c10::IValue> arguments = torch::jit::last(*stack, num_args);
   for (size_t r = 0; r < results.size(); ++r) {
@@ -593,9 +592,10 @@ const char* uncapturedReason(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
 
 // captureBorrowed for an op that has a CPU kernel and whose output shape
 // these arguments fix.
-std::optional<std::vector<c10::IValue>> captureBorrowedCapturable(
-    const c10::OperatorHandle& op, const OpTraits& traits, c10::ArrayRef<c10::IValue> arguments,
-    bool allow_several_ipus) {
+std::optional<CapturedResults> captureBorrowedCapturable(const c10::OperatorHandle& op,
+                                                         const OpTraits& traits,
+                                                         c10::ArrayRef<c10::IValue> arguments,
+                                                         bool allow_several_ipus) {
   if (preparingChangesArguments(traits)) return std::nullopt;
   checkNotQuantized(op, traits, arguments);
   const c10::Device device = deviceOf(op, traits, arguments, allow_several_ipus);
@@ -687,9 +687,9 @@ void ipuFallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit:
   }
 }
 
-std::optional<std::vector<c10::IValue>> captureBorrowed(const c10::OperatorHandle& op,
-                                                        c10::ArrayRef<c10::IValue> arguments,
-                                                        bool allow_several_ipus) {
+std::optional<CapturedResults> captureBorrowed(const c10::OperatorHandle& op,
+                                               c10::ArrayRef<c10::IValue> arguments,
+                                               bool allow_several_ipus) {
   if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) ||
       uncapturedReason(op, arguments)) {
     return std::nullopt;
@@ -703,8 +703,8 @@ UnboxedOp::UnboxedOp(const char* name, const char* overload)
       capturable(op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) &&
                  uncapturedReason(op, {}) == nullptr) {}
 
-std::optional<std::vector<c10::IValue>> captureBorrowed(const UnboxedOp& unboxed,
-                                                        c10::ArrayRef<c10::IValue> arguments) {
+std::optional<CapturedResults> captureBorrowed(const UnboxedOp& unboxed,
+                                               c10::ArrayRef<c10::IValue> arguments) {
   if (!unboxed.capturable) return std::nullopt;
   return captureBorrowedCapturable(unboxed.op, *unboxed.traits, arguments,
                                    /*allow_several_ipus=*/false);

@@ -7,6 +7,7 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 #include <absl/hash/hash.h>
+#include <absl/types/span.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/TensorImpl.h>
 
@@ -121,14 +122,15 @@ class MetaTwins {
 // With `Floats::kByClass`, a float counts only by its class (float_class.h),
 // and by how it compares with the call's other floats and the class of their
 // difference (see checkAsCpuKernelOnce).
-// The key is written into a vector the caller owns, so that a thread can
-// reuse one (and its capacity) for every lookup.
+// The key is written into an inline vector the caller owns: a signature is
+// looked up at every captured op, and copied into a map's key only when new.
+using SignatureKey = c10::SmallVector<int64_t, 48>;
+
 class Signature {
  public:
   enum class Floats { kByValue, kByClass };
 
-  Signature(const c10::OperatorHandle& op, std::vector<int64_t>& key,
-            Floats floats = Floats::kByValue)
+  Signature(const c10::OperatorHandle& op, SignatureKey& key, Floats floats = Floats::kByValue)
       : key_(key), floats_(floats) {
     key_.clear();
     key_.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(&op.schema())));
@@ -175,8 +177,6 @@ class Signature {
     return false;
   }
 
-  const std::vector<int64_t>& key() const { return key_; }
-
  private:
   bool push(int64_t x) {
     key_.push_back(x);
@@ -202,8 +202,8 @@ class Signature {
     push((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0) |
          (t.unsafeGetTensorImpl()->is_wrapped_number() ? 4 : 0));
     push(t.dim());
-    for (int64_t s : t.sizes()) push(s);
-    for (int64_t s : t.strides()) push(s);
+    key_.append(t.sizes().begin(), t.sizes().end());
+    key_.append(t.strides().begin(), t.strides().end());
     push(t.storage_offset());
     if (t.is_ipu()) {
       const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
@@ -213,13 +213,28 @@ class Signature {
     return true;
   }
 
-  std::vector<int64_t>& key_;
+  SignatureKey& key_;
   StorageNumbering numbering_;
   Floats floats_;
   c10::SmallVector<double, 4> doubles_;  // with kByClass: the floats so far
 };
 
-using MetaCache = absl::flat_hash_map<std::vector<int64_t>, std::shared_ptr<const MetaResult>>;
+// Maps from signatures, which store their keys as vectors and are looked up
+// by a SignatureKey without copying it.
+struct SignatureHash {
+  using is_transparent = void;
+  size_t operator()(absl::Span<const int64_t> key) const {
+    return absl::Hash<absl::Span<const int64_t>>{}(key);
+  }
+};
+struct SignatureEq {
+  using is_transparent = void;
+  bool operator()(absl::Span<const int64_t> a, absl::Span<const int64_t> b) const { return a == b; }
+};
+template <class Value>
+using SignatureMap = absl::flat_hash_map<std::vector<int64_t>, Value, SignatureHash, SignatureEq>;
+
+using MetaCache = SignatureMap<std::shared_ptr<const MetaResult>>;
 constexpr size_t kMaxCachedSignatures = 1 << 16;
 
 // One cache per capturing thread: no lock on the hot path.
@@ -326,16 +341,17 @@ class FakeCpuInference {
 const std::optional<CpuRun>& checkAsCpuKernelOnce(const c10::OperatorHandle& op,
                                                   c10::ArrayRef<c10::IValue> arguments,
                                                   const MetaResult& expected) {
-  std::vector<int64_t> key;
+  SignatureKey key;
   Signature signature(op, key, Signature::Floats::kByClass);
   for (const c10::IValue& value : arguments) signature.add(value);
-  thread_local absl::flat_hash_map<std::vector<int64_t>, std::optional<CpuRun>> checked;
-  auto it = checked.find(key);
+  thread_local SignatureMap<std::optional<CpuRun>> checked;
+  auto it = checked.find(absl::Span<const int64_t>(key));
   if (it != checked.end()) return it->second;
   // Throws what the CPU kernel raises.
   std::optional<CpuRun> run = checkAsCpuKernel(op, arguments, expected);
   if (checked.size() >= kMaxCachedSignatures) checked.clear();
-  return checked.emplace(std::move(key), std::move(run)).first->second;
+  return checked.emplace(std::vector<int64_t>(key.begin(), key.end()), std::move(run))
+      .first->second;
 }
 
 thread_local bool inferring_shapes = false;
@@ -494,17 +510,17 @@ void setBeforeFirstInference(std::function<void()> prepare) {
 
 std::shared_ptr<const MetaResult> inferMeta(const c10::OperatorHandle& op,
                                             c10::ArrayRef<c10::IValue> arguments) {
-  thread_local std::vector<int64_t> lookup_key;
+  SignatureKey lookup_key;
   Signature signature(op, lookup_key);
   bool cacheable = true;
   for (const c10::IValue& value : arguments) cacheable = cacheable && signature.add(value);
   MetaCache& cache = metaCache();
   if (cacheable) {
-    auto it = cache.find(lookup_key);
+    auto it = cache.find(absl::Span<const int64_t>(lookup_key));
     if (it != cache.end()) return it->second;
   }
   // A miss: the Meta kernel (Python, perhaps) runs before the key is stored.
-  std::vector<int64_t> key = lookup_key;
+  std::vector<int64_t> key(lookup_key.begin(), lookup_key.end());
   prepareFirstInference();
   const bool keyed = cacheable;
   std::optional<MetaResult> result = runMetaKernel(op, arguments, &cacheable);

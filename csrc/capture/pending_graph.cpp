@@ -210,8 +210,12 @@ std::unique_ptr<runtime::Program> PendingGraph::prepare(bool allow_empty) {
   std::vector<Entry> entries = std::move(entries_);
   discard();
   // The next graph is likely this one again (a training loop's step): room
-  // for as many nodes, so that none moves as it grows (see beginNode).
+  // for as many nodes, so that none moves as it grows (see beginNode), and
+  // for as many buffers, so that their lists and index never grow meanwhile.
   graph_.nodes.reserve(graph.nodes.size());
+  graph_.buffers.reserve(graph.buffers.size());
+  entries_.reserve(entries.size());
+  ids_.reserve(entries.size());
   if (graph.nodes.empty() && !allow_empty) return nullptr;
 
   try {

@@ -44,6 +44,7 @@
 #include <ATen/ops/zero_ops.h>
 
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -91,6 +92,23 @@ at::Tensor& writtenArgument(size_t index, Args&... args) {
   return *found;
 }
 
+// An unboxed kernel's return value from capture's results.
+template <class Ret>
+struct FromResults {
+  static Ret call(CapturedResults& results) { return std::move(results[0]).to<Ret>(); }
+};
+
+template <class... Types>
+struct FromResults<std::tuple<Types...>> {
+  static std::tuple<Types...> call(CapturedResults& results) {
+    return call(results, std::index_sequence_for<Types...>());
+  }
+  template <size_t... I>
+  static std::tuple<Types...> call(CapturedResults& results, std::index_sequence<I...>) {
+    return std::make_tuple(std::move(results[I]).template to<Types>()...);
+  }
+};
+
 template <class Op, class Schema = typename Op::schema>
 struct UnboxedCapture;
 
@@ -99,7 +117,7 @@ struct UnboxedCapture<Op, Ret(Args...)> {
   static Ret call(c10::DispatchKeySet keys, Args... args) {
     static const UnboxedOp unboxed(Op::name, Op::overload_name);
     const c10::OperatorHandle& op = unboxed.op;
-    std::optional<std::vector<c10::IValue>> results;
+    std::optional<CapturedResults> results;
     {
       const BorrowedArguments arguments(args...);
       results = captureBorrowed(unboxed, arguments.values());
@@ -113,7 +131,7 @@ struct UnboxedCapture<Op, Ret(Args...)> {
       static const size_t written = writtenArgumentIndex(op.schema(), 0);
       return writtenArgument(written, args...);
     } else {
-      return c10::impl::PopResult<Ret>::call(*results);
+      return FromResults<Ret>::call(*results);
     }
   }
 };

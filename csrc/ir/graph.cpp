@@ -110,12 +110,15 @@ BufferId Graph::addBuffer(BufferInfo info) {
 }
 
 void Graph::keepNodes(const std::vector<bool>& keep) {
-  std::vector<Node> kept;
-  kept.reserve(nodes.size());
+  // In place: a node keeps its lists inline, so moving one copies them, and a
+  // graph with nothing to drop (a steady step's, at every sync point) moves none.
+  size_t kept = 0;
   for (size_t i = 0; i < nodes.size(); ++i) {
-    if (keep[i]) kept.push_back(std::move(nodes[i]));
+    if (!keep[i]) continue;
+    if (kept != i) nodes[kept] = std::move(nodes[i]);
+    ++kept;
   }
-  nodes = std::move(kept);
+  nodes.erase(nodes.begin() + static_cast<std::ptrdiff_t>(kept), nodes.end());
 }
 
 // Buffers are numbered in the order the nodes first use them (reads, writes,
