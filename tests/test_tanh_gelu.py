@@ -4,7 +4,9 @@ NewGELUActivation writes it (passes::fuseTanhGelu). Each op of the chain rounds
 as the CPU's kernel does and tanh is poptorch::tanh, so the fused result equals
 the CPU's chain run with poptorch::tanh bit for bit, and the CPU's own chain
 within float32's tolerance. The scalars are runtime arguments: other values in
-a graph of the same structure give their own results."""
+a graph of the same structure give their own results. In training the chain's
+gradient, as autograd records it, runs as poptorch::tanh_gelu_backward, which
+rounds each of autograd's ops as the CPU does (bit for bit again)."""
 import copy
 import math
 
@@ -13,7 +15,7 @@ import torch
 from torch import nn
 
 import poptorch
-from conftest import train_micro_batches_beside_the_cpu
+from conftest import train_micro_batches_beside_the_cpu, training_step
 
 C = math.sqrt(2.0 / math.pi)
 
@@ -36,6 +38,25 @@ def op(x, half=0.5, exponent=3.0, kappa=0.044715, alpha=1, beta=C, one=1.0, one_
     if out is None:
         return torch.ops.poptorch.tanh_gelu(*args)
     return torch.ops.poptorch.tanh_gelu.out(*args, out=out)
+
+
+def chain_backward(grad, x, half=0.5, kappa=0.044715, beta=C, one=1.0, exponent=3.0):
+    """The gradient of fast_new_gelu as autograd records it, op by op."""
+    t = torch.ops.poptorch.tanh(beta * (x + kappa * torch.pow(x, exponent)))
+    grad_plus_one = grad * (half * x)
+    grad_scaled = grad * (t + one)
+    result = torch.ops.aten.tanh_backward(grad_plus_one, t) * beta
+    grad_power = result * kappa
+    result.add_(grad_power * (torch.pow(x, exponent - 1) * exponent))
+    return result.add_(grad_scaled * half)
+
+
+def backward_op(grad, x, half=0.5, exponent=3.0, kappa=0.044715, beta=C, one=1.0):
+    def s(v):
+        return torch.tensor(v, dtype=torch.float64)
+    return torch.ops.poptorch.tanh_gelu_backward(
+        grad, x, s(half), exponent, s(kappa), 1, s(beta), s(one), 1,
+        s(beta), s(kappa), exponent - 1, s(exponent), 1, s(half), 1)
 
 
 def _x(*shape):
@@ -72,6 +93,28 @@ def test_out_overload_resizes_and_runs_in_place():
     y = x.clone()
     op(y, out=y)
     assert torch.equal(y, fast_new_gelu(x))
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (7,), (8,), (37, 29), (8, 128, 1024)])
+def test_backward_op_equals_autograds_ops_bitwise(shape):
+    x, grad = _x(*shape), torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(backward_op(grad, x), chain_backward(grad, x))
+    # and it is the gradient of the CPU's own chain, within float32's tolerance
+    xr = x.clone().requires_grad_()
+    new_gelu(xr).backward(grad)
+    torch.testing.assert_close(backward_op(grad, x), xr.grad)
+
+
+def test_backward_op_with_other_values_layouts_and_dtypes():
+    x, grad = _x(6, 10, 5), torch.randn(6, 10, 5)
+    values = dict(exponent=2.0, half=0.25, kappa=0.1, one=-1.0)
+    assert torch.equal(backward_op(grad, x, **values), chain_backward(grad, x, **values))
+    # Values and layouts off the fast path run autograd's ops.
+    assert torch.equal(backward_op(grad, x, exponent=4.0), chain_backward(grad, x, exponent=4.0))
+    t, gt = x.transpose(0, 2), grad.transpose(0, 2)
+    assert torch.equal(backward_op(gt, t), chain_backward(gt, t))
+    d, gd = x.double(), grad.double()
+    assert torch.equal(backward_op(gd, d), chain_backward(gd, d))
 
 
 def _ran(fn, *args):
@@ -126,6 +169,53 @@ def test_an_input_changed_in_place_within_the_chain_is_left_alone():
     assert torch.equal(t, x * 2)
 
 
+def _lazy_gradient(x, grad, gelu=new_gelu):
+    """x's gradient, and the result it kept alive (as a model's next layer does)."""
+    xi = x.to("ipu").requires_grad_()
+    y = gelu(xi)
+    y.backward(grad.to("ipu"))
+    return xi.grad.cpu(), y.detach().cpu()
+
+
+def test_a_lazy_chains_gradient_runs_fused_and_matches_the_cpu():
+    x, grad = _x(16, 48), torch.randn(16, 48)
+    (got, y), ran = _ran(_lazy_gradient, x, grad)
+    # (aten ops run at capture too; the unfused program would run poptorch::tanh)
+    assert "poptorch::tanh_gelu_backward" in ran and "poptorch::tanh" not in ran
+    assert torch.equal(got, chain_backward(grad, x))
+    assert torch.equal(y, fast_new_gelu(x))
+    xr = x.clone().requires_grad_()
+    new_gelu(xr).backward(grad)
+    torch.testing.assert_close(got, xr.grad)
+
+
+def test_a_training_chain_whose_saved_tanh_is_read_elsewhere_is_left_alone():
+    x, grad = _x(16, 48), torch.randn(16, 48)
+
+    def gelu_plus_its_tanh(t, tanh=torch.tanh):
+        inner = tanh(C * (t + 0.044715 * torch.pow(t, 3.0)))
+        return 0.5 * t * (1.0 + inner) + inner * 0.25
+
+    (got, _), ran = _ran(_lazy_gradient, x, grad, gelu_plus_its_tanh)
+    assert "poptorch::tanh_gelu_backward" not in ran and "poptorch::tanh_gelu" not in ran
+    assert "poptorch::tanh" in ran
+    xr = x.clone().requires_grad_()
+    gelu_plus_its_tanh(xr).backward(grad)
+    torch.testing.assert_close(got, xr.grad)
+
+
+def test_a_hook_on_the_inputs_gradient_gets_the_fused_gradient():
+    x, grad = _x(16, 48), torch.randn(16, 48)
+
+    def hooked(t):
+        t.register_hook(lambda g: g * 3)  # runs on the chain's gradient
+        return new_gelu(t)
+
+    (got, _), ran = _ran(_lazy_gradient, x, grad, hooked)
+    assert "poptorch::tanh_gelu_backward" in ran
+    assert torch.equal(got, chain_backward(grad, x) * 3)
+
+
 class _Mlp(nn.Module):
     """GPT-2's MLP block: Linear, NewGELUActivation, Linear."""
 
@@ -147,4 +237,26 @@ def test_inference_and_training_models_with_new_gelu_match_the_cpu():
     model = copy.deepcopy(cpu)
     inference = poptorch.inferenceModel(model.eval(), poptorch.Options().deviceIterations(4))
     torch.testing.assert_close(inference(x, y)[0], cpu(x, y)[0].detach())
-    train_micro_batches_beside_the_cpu(cpu, x, y)
+    _, ran = _ran(train_micro_batches_beside_the_cpu, cpu, x, y)
+    assert "poptorch::tanh_gelu_backward" in ran
+
+
+def test_a_compiled_training_step_runs_the_fused_gradient_and_matches_the_cpu():
+    """torch.compile(backend="ipu"): AOTAutograd's graphs add the gradient's
+    contributions as fresh results, not in place; the step is fused all the same."""
+    pytest.importorskip("transformers")
+    from transformers.activations import NewGELUActivation
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Linear(12, 48), NewGELUActivation(), nn.Linear(48, 3))
+    ipu = copy.deepcopy(cpu).to("ipu")
+    x, y = torch.randn(8, 12), torch.randint(0, 3, (8,))
+    step_cpu = training_step(cpu, torch.optim.SGD(cpu.parameters(), lr=0.1))
+    step_ipu = torch.compile(training_step(ipu, torch.optim.SGD(ipu.parameters(), lr=0.1)),
+                             backend="ipu")
+    for _ in range(3):  # the third call replays the steady step
+        want = step_cpu(x, y).item()
+        got, ran = _ran(lambda: step_ipu(x.to("ipu"), y.to("ipu")).item())
+        torch.testing.assert_close(got, want)
+    assert "poptorch::tanh_gelu_backward" in ran
+    for a, b in zip(cpu.parameters(), ipu.parameters()):
+        torch.testing.assert_close(b.detach().cpu(), a.detach())

@@ -1,7 +1,7 @@
 // What the project's float32 elementwise kernels share: the CPU test for their
 // AVX2 code, how they split a tensor over threads, when an output may be
-// written while the input is read, and the loop that maps eight floats at a
-// time over a range.
+// written while the input is read, and the loops that map eight floats (of one
+// or two inputs) at a time over a range.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -64,6 +64,31 @@ template <typename F>
 void map(const float* in, float* out, int64_t n, const F& f) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     mapRange(in + begin, out + begin, end - begin, f);
+  });
+}
+
+// out[i] = f(a[i], b[i]), as mapRange does for one input.
+template <typename F>
+__attribute__((target("avx2,fma"))) void mapRange2(const float* a, const float* b, float* out,
+                                                   int64_t n, const F& f) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    _mm256_storeu_ps(out + i, f(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  }
+  if (i == n) return;
+  float tail_a[kLanes] = {};
+  float tail_b[kLanes] = {};
+  std::memcpy(tail_a, a + i, (n - i) * sizeof(float));
+  std::memcpy(tail_b, b + i, (n - i) * sizeof(float));
+  _mm256_storeu_ps(tail_a, f(_mm256_loadu_ps(tail_a), _mm256_loadu_ps(tail_b)));
+  std::memcpy(out + i, tail_a, (n - i) * sizeof(float));
+}
+
+// mapRange2 split over threads, as map is.
+template <typename F>
+void map2(const float* a, const float* b, float* out, int64_t n, const F& f) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    mapRange2(a + begin, b + begin, out + begin, end - begin, f);
   });
 }
 

@@ -26,6 +26,7 @@ inline constexpr OwnKernel kOwnKernels[] = {
     {"bernoulli_", "", false},
     {"tanh", "tanh", false},
     {"tanh_gelu", "", false},
+    {"tanh_gelu_backward", "", false},
     {"max_pool2d_with_indices", "max_pool2d_with_indices", false},
     {"max_pool2d_with_indices_backward", "max_pool2d_with_indices_backward", false},
     {"_safe_softmax", "_safe_softmax", true},

@@ -32,10 +32,14 @@ ir::Graph fuseMatmulActivations(ir::Graph graph);
 // Fuses GELU's tanh approximation written as ops, as GPT-2's NewGELUActivation
 // writes it, (x * half) * (tanh((x + alpha * (x ** e * kappa)) * beta) + one),
 // into one poptorch::tanh_gelu (csrc/kernels/tanh_gelu.cpp): one pass over x
-// instead of eight, each op rounded as the CPU rounds it. The scalars stay the
-// captured ops' runtime arguments, so any values run; only float32 chains
-// whose intermediates are temporaries read by the next op alone (in training,
-// the backward reads them: no fusion there).
+// instead of eight, each op rounded as the CPU rounds it. In training, where
+// the chain's gradient as autograd records it (eleven ops) reads x * half, the
+// tanh and the sum, that gradient becomes one poptorch::tanh_gelu_backward of
+// the incoming gradient and x, run where its last op ran: no intermediate is
+// kept from forward to backward. The scalars stay the captured ops' runtime
+// arguments, so any values run; only float32 chains whose intermediates are
+// temporaries read by the next op alone (and by the gradient's op, whose other
+// intermediates are read by the next op alone) are fused.
 ir::Graph fuseTanhGelu(ir::Graph graph);
 
 // Removes a copy_ into a temporary (what .contiguous() and reshape record)
