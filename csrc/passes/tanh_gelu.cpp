@@ -77,15 +77,7 @@ class ChainFinder {
     }
     const ir::TensorRef& x = node(c.inner).inputs[node(c.inner).args[0].refs[0]];
     const ir::TensorRef& kappa_term = node(c.inner).inputs[node(c.inner).args[1].refs[0]];
-    c.times_kappa = producerOf(kappa_term, c.inner);
-    if (c.times_kappa < 0 || !scalarOp(c.times_kappa, "aten::mul", "Tensor", 2)) {
-      return std::nullopt;
-    }
-    c.power = producerOf(node(c.times_kappa).inputs[0], c.times_kappa);
-    if (c.power < 0 || !scalarOp(c.power, "aten::pow", "Tensor_Scalar", 2) ||
-        !(node(c.power).inputs[0] == x)) {
-      return std::nullopt;
-    }
+    if (!scaledPower(kappa_term, c.inner, x, c.times_kappa, c.power)) return std::nullopt;
     // Forwards from the tanh: (x * half) * (tanh + one). In training the
     // gradient reads the tanh, the sum and x * half too, after the chain.
     SavedReaders saved;
@@ -182,6 +174,18 @@ class ChainFinder {
     return p;
   }
 
+  // Whether `ref`, an intermediate read by `reader` alone, is made by
+  // mul(pow(x, host scalar), host scalar) (`times`, `power`), each an
+  // intermediate too.
+  bool scaledPower(const ir::TensorRef& ref, int32_t reader, const ir::TensorRef& x,
+                   int32_t& times, int32_t& power) const {
+    times = producerOf(ref, reader);
+    if (times < 0 || !scalarOp(times, "aten::mul", "Tensor", 2)) return false;
+    power = producerOf(node(times).inputs[0], times);
+    return power >= 0 && scalarOp(power, "aten::pow", "Tensor_Scalar", 2) &&
+           node(power).inputs[0] == x;
+  }
+
   // The tensor argument `a` of node `n`, or null if it is not one.
   const ir::TensorRef* tensorArg(int32_t n, size_t a) const {
     const ir::Node& x = node(n);
@@ -269,13 +273,7 @@ class ChainFinder {
         !(*tensorArg(b.grad_x_power, 0) == grad_power)) {
       return std::nullopt;
     }
-    b.power_factor = producerOf(*power_factor, b.grad_x_power);
-    if (b.power_factor < 0 || !scalarOp(b.power_factor, "aten::mul", "Tensor", 2)) {
-      return std::nullopt;
-    }
-    b.power = producerOf(node(b.power_factor).inputs[0], b.power_factor);
-    if (b.power < 0 || !scalarOp(b.power, "aten::pow", "Tensor_Scalar", 2) ||
-        !(node(b.power).inputs[0] == x)) {
+    if (!scaledPower(*power_factor, b.grad_x_power, x, b.power_factor, b.power)) {
       return std::nullopt;
     }
     const ir::TensorRef& grad_x_power = node(b.grad_x_power).outputs[0];
@@ -358,6 +356,16 @@ ir::Arg captured(const ir::Node& n, size_t a) {
   return arg;
 }
 
+// Appends the chain's scalars, as poptorch::tanh_gelu takes them after self.
+void appendChainScalars(ir::Args& args, const std::vector<ir::Node>& n, const Chain& c) {
+  for (const ir::Arg& arg :
+       {captured(n[c.scale], 1), captured(n[c.power], 1), captured(n[c.times_kappa], 1),
+        captured(n[c.inner], 2), captured(n[c.times_beta], 1), captured(n[c.plus_one], 1),
+        captured(n[c.plus_one], 2)}) {
+    args.push_back(arg);
+  }
+}
+
 // The fused gradient of chain `c` (see poptorch::tanh_gelu_backward), which
 // runs where its last add did and makes the result's buffer.
 ir::Node fusedBackward(const std::vector<ir::Node>& n, const Chain& c) {
@@ -367,22 +375,14 @@ ir::Node fusedBackward(const std::vector<ir::Node>& n, const Chain& c) {
   const ir::Node& grad_plus_one = n[b.grad_plus_one];
   ir::Node fused(op);
   fused.inputs = {grad_plus_one.inputs[grad_plus_one.args[0].refs[0]], n[c.scale].inputs[0]};
-  fused.args = {ir::Arg::tensor(0),
-                ir::Arg::tensor(1),
-                captured(n[c.scale], 1),
-                captured(n[c.power], 1),
-                captured(n[c.times_kappa], 1),
-                captured(n[c.inner], 2),
-                captured(n[c.times_beta], 1),
-                captured(n[c.plus_one], 1),
-                captured(n[c.plus_one], 2),
-                captured(n[b.grad_inner], 1),
-                captured(n[b.grad_power], 1),
-                captured(n[b.power], 1),
-                captured(n[b.power_factor], 1),
-                captured(n[b.add_power], 2),
-                captured(n[b.grad_x_scaled], 1),
-                captured(n[b.add_scaled], 2)};
+  fused.args = {ir::Arg::tensor(0), ir::Arg::tensor(1)};
+  appendChainScalars(fused.args, n, c);
+  for (const ir::Arg& arg :
+       {captured(n[b.grad_inner], 1), captured(n[b.grad_power], 1), captured(n[b.power], 1),
+        captured(n[b.power_factor], 1), captured(n[b.add_power], 2),
+        captured(n[b.grad_x_scaled], 1), captured(n[b.add_scaled], 2)}) {
+    fused.args.push_back(arg);
+  }
   fused.outputs = {b.result};
   fused.fresh_returns = {true};
   fused.source_index = n[b.add_scaled].source_index;
@@ -404,10 +404,8 @@ ir::Graph fuseTanhGelu(ir::Graph graph) {
     const auto& n = graph.nodes;
     ir::Node fused(fused_op);
     fused.inputs = {n[c->scale].inputs[0]};
-    fused.args = {ir::Arg::tensor(0),          captured(n[c->scale], 1),
-                  captured(n[c->power], 1),    captured(n[c->times_kappa], 1),
-                  captured(n[c->inner], 2),    captured(n[c->times_beta], 1),
-                  captured(n[c->plus_one], 1), captured(n[c->plus_one], 2)};
+    fused.args = {ir::Arg::tensor(0)};
+    appendChainScalars(fused.args, n, *c);
     fused.outputs = n[c->product].outputs;
     fused.fresh_returns = {true};
     fused.source_index = n[c->product].source_index;
