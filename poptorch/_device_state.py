@@ -14,6 +14,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _C
 from ._errors import Error
+from ._python_reads import stateless
 
 # host tensor -> its device copy, shared by every executor using that tensor.
 _DEVICE_COPIES = WeakIdKeyDictionary()
@@ -156,12 +157,18 @@ class DeviceState:
 
     def _check_submodules(self) -> None:
         """A submodule replaced, added or removed after compiling (``model.fc = Linear(...)``)
-        is not in the compiled step, which would go on running the old one."""
+        is not in the compiled step, which would go on running the old one. One without
+        parameters or buffers replaced by another (``self.act = nn.GELU()``) is not an
+        error: the step's guards on what forward reads capture it again (_python_reads.py)."""
         for prefix, children, compiled in self._children:
             if children == compiled:  # Module compares by identity
                 continue
-            key = sorted(k for k in children.keys() | compiled.keys()
-                         if children.get(k) is not compiled.get(k))[0]
+            keys = sorted(k for k in children.keys() | compiled.keys()
+                          if children.get(k) is not compiled.get(k)
+                          and not (stateless(children.get(k)) and stateless(compiled.get(k))))
+            if not keys:
+                continue
+            key = keys[0]
             name = f"{prefix}.{key}" if prefix else key
             what = ("added" if key not in compiled else "removed" if key not in children
                     else "replaced by another module")

@@ -110,6 +110,8 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         # The forward hooks and trainable parameters the step was compiled with.
         self._compiled_with: Optional[CompiledWith] = None
         self._micro_step: Optional[Any] = None
+        # (StepVariants, UpdateVariants) of each Specialisation of the step
+        self._specialised: Dict[Any, Tuple[Any, Any]] = {}
         self._replica_buffers: Optional[Any] = None  # broadcastBuffers(False)
         self._update: Optional[Any] = None  # the first update program
         self._updates: Optional[Any] = None  # the update per set of variants (UpdateVariants)
@@ -123,6 +125,7 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         self._grouped_as: Dict[str, Any] = {}  # per_replica_params when compiled
         # With replicas in other processes: sums their gradients before each update.
         self._before_update: Optional[Callable[[], None]] = None
+        self._processes: Optional[ProcessReplicas] = None
         self._compiled = False
         self._modes: List[Tuple[torch.nn.Module, bool]] = []  # set by each compilation
         self._default_dtype = torch.get_default_dtype()  # the one of the last capture
@@ -294,9 +297,10 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         self._state.detach()
         self._device_optimizer = None
         self._micro_step = self._update = self._updates = self._step = None
+        self._specialised = {}
         self._compiled_with = None
         self._replica_buffers = None
-        self._before_update = self._grouped = None
+        self._before_update = self._grouped = self._processes = None
         self._attached = False
 
     @_locked
@@ -546,16 +550,16 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
                     device_iterations=o.device_iterations,
                     gradient_accumulation=self._accumulation,
                     auto_round_num_ipus=o.auto_round_num_ipus, ipus_available=_C.device_count())
-        self._micro_step = _C.StepVariants(first, step.recapture)
+        self._processes = processes
+        self._bind_variants(first)
         if progress:
             progress.to(70)
         self._replica_buffers = _buffers.replica_buffers(
             self._model, self._state.tensors, self._micro_step, self._options.replication_factor,
             self._options.broadcast_buffers)
-        self._update = self._updates = None
+        self._update = None
         self._before_update = None
         if accumulate:
-            self._updates = step.update_variants(mean.update, processes)
             self._update = step.update(step.received[0], mean.update)
             if processes is not None:
                 self._before_update = processes.gradient_reduction(step.accumulators.values())
@@ -563,6 +567,32 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         logger.debug("captured the %s step%s", "training" if self._training else "inference",
                      f" and its update ({self._update.num_nodes} nodes)" if self._update else "")
         return first
+
+    def _bind_variants(self, first: Any) -> None:
+        """Runs the current specialisation of the step from now on, made of its first
+        program and the variants captured later for other values read on the host.
+        They are kept here, not in the step: they call it back (a cycle through C++
+        that the garbage collector cannot see, which would keep the device tensors)."""
+        step = self._step
+        if step.current not in self._specialised:
+            micro_step = _C.StepVariants(first, step.recapture)
+            updates = (step.update_variants(step.mean.update, self._processes)
+                       if step.accumulate else None)
+            self._specialised[step.current] = (micro_step, updates)
+        self._micro_step, self._updates = self._specialised[step.current]
+
+    def _follow_python_values(self, host_inputs: List[torch.Tensor]) -> None:
+        """Chooses the specialisation of the step for the Python values forward reads
+        now (``self.scale``, a global), or captures one from the first micro-batch."""
+        step = self._step
+        if step.follows_python_values():
+            if self._specialised[step.current][0] is not self._micro_step:
+                self._bind_variants(None)
+            return
+        with torch.no_grad():
+            for device, host in zip(step.device_inputs, host_inputs):
+                device.copy_(host[: device.shape[0]] if device.dim() else host[0])
+        self._bind_variants(step.specialise())
 
     # --- running --------------------------------------------------------------
 
@@ -591,11 +621,12 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
         native = {OutputMode.All: 0, OutputMode.Final: 1, OutputMode.EveryN: 2, OutputMode.Sum: 3}
         seed = int(torch.randint(1, 2**62, (1,), generator=self._rng))
         step = self._step
-        gathers = [] if step.anchors is None else [  # anchored tensors have modes of their own
-            (native[m], period) for m, period in step.anchors.gathers(
-                (mode, o.output_return_period), len(step.device_outputs))]
         timeline = _C.StepTimeline()
         with self._lookup_scope(), self._profiled():  # a failed guard captures the step again
+            self._follow_python_values(host_inputs)
+            gathers = [] if step.anchors is None else [  # anchored tensors: modes of their own
+                (native[m], period) for m, period in step.anchors.gathers(
+                    (mode, o.output_return_period), len(step.device_outputs))]
             results = iter(_C.run_steps(self._micro_step, self._updates, step.device_inputs,
                                         host_inputs, step.device_outputs, o.device_iterations,
                                         self._accumulation, o.replication_factor, native[mode],

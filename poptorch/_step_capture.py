@@ -14,10 +14,16 @@ and kept as another variant; the values seen most often cost nothing after
 their first capture. A value that keeps changing (a loss read with ``.item()``
 inside ``forward``) is an error that names the line, after
 ``POPTORCH_MAX_STEP_VARIANTS`` (8) variants.
+
+The plain Python values forward reads (``self.scale``, a global) specialise the step too:
+each set of them has a :class:`Specialisation` of its own, with its variants, chosen
+before each call by guards on those values (``_python_reads.py``); the limit counts the
+captures of all of them.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
@@ -43,6 +49,7 @@ from ._losses import LossRecorder, RunningOnIpu
 from ._parameter_hooks import ParameterHooks
 from ._ops import overlap_checks
 from ._ops.name_scope import module_name_scopes
+from ._python_reads import PythonReads, recording
 
 _DEFAULT_MAX_VARIANTS = 8
 
@@ -98,6 +105,19 @@ def _whole_step_capture() -> Iterator[None]:
         _C.end_step_capture()
 
 
+@dataclasses.dataclass(eq=False)
+class Specialisation:
+    """The step specialised on the Python values ``forward`` read when it was captured
+    (``self.scale``, a global): its variants (one per set of values read on the host from
+    tensors), its outputs, and the accumulators each variant gives gradients to, by
+    capture index. Each call runs one, chosen by its guards (see ``_python_reads.py``)."""
+    reads: PythonReads = dataclasses.field(default_factory=PythonReads)
+    out_leaves: List[Any] = dataclasses.field(default_factory=list)
+    out_spec: Any = None
+    device_outputs: List[torch.Tensor] = dataclasses.field(default_factory=list)
+    received: List[FrozenSet[int]] = dataclasses.field(default_factory=list)
+
+
 class StepCapture:
     """What a captured step reads and writes on the device, kept across the
     captures of its variants so that every variant uses the same tensors."""
@@ -144,23 +164,37 @@ class StepCapture:
             {key: torch.zeros((), device=acc.device) for key, acc in self.accumulators.items()}
             if self.mean.running else {})
         _C.synchronize()  # the zeros exist before the step: it must not zero them again
-        # Set by the first capture: what the model returns, with its device
-        # tensors; later variants write their results into the same tensors.
-        self.out_leaves: List[Any] = []
-        self.out_spec: Any = None
-        self.device_outputs: List[torch.Tensor] = []
-        self.variants = 0
+        # What the model returns, with its device tensors, is set by a specialisation's
+        # first capture; its later variants write their results into the same tensors.
+        self.specialisations = [Specialisation()]
+        self.current = self.specialisations[0]  # the one calls run
+        self.accumulate = accumulate
+        self.variants = 0  # captures, of every specialisation
         # The kernel warnings the first capture gave (TORCH_WARN's, not
         # TORCH_WARN_ONCE's): each later call of the model gives them, as each
         # call on the CPU does. None when there are none.
         self.warnings: Optional[Any] = None
-        # The accumulators each variant gives a gradient to, by capture index,
-        # and the update captured for each set of them: torch.optim skips a
-        # parameter whose .grad is None, so an iteration updates only those
-        # its micro-batches' variants trained (no weight decay, no momentum
-        # for the others; see UpdateVariants).
-        self.received: List[FrozenSet[int]] = []
+        # The update captured for each set of accumulators that variants gave a gradient
+        # to: torch.optim skips a parameter whose .grad is None, so an iteration
+        # updates only those its micro-batches' variants trained (no weight decay, no
+        # momentum for the others; see UpdateVariants).
         self._updates: Dict[FrozenSet[int], Any] = {}
+
+    @property
+    def out_leaves(self) -> List[Any]:
+        return self.current.out_leaves
+
+    @property
+    def out_spec(self) -> Any:
+        return self.current.out_spec
+
+    @property
+    def device_outputs(self) -> List[torch.Tensor]:
+        return self.current.device_outputs
+
+    @property
+    def received(self) -> List[FrozenSet[int]]:
+        return self.current.received
 
     def _swapped_tensors(self) -> Dict[str, torch.Tensor]:
         """The device tensors by name, each module attribute under one name: a module
@@ -178,6 +212,7 @@ class StepCapture:
         """Captures one micro-batch's step from the data in the device inputs;
         returns its program."""
         recorder = LossRecorder(self.model)
+        reads = self.current.reads  # what forward reads from Python guards the specialisation
         # Tensors made in forward without a device are constants of the step
         # on the IPU, as in PopTorch (random ones are drawn there on every run).
         scopes = (module_name_scopes(self.model) if self.module_namescope
@@ -199,9 +234,10 @@ class StepCapture:
                     overlap_checks.checking((self._args, self._kwargs)) as overlaps, \
                     device_parameters(self.model, self._state.host, self._state.tensors), \
                     _buffers.kept_in_forward(self.model, {**self._state.tensors, **rows}):
-                outputs = torch.func.functional_call(self.model, tensors, self._args,
-                                                     self._kwargs, strict=False,
-                                                     tie_weights=False)
+                with recording(self.model, reads):
+                    outputs = torch.func.functional_call(self.model, tensors, self._args,
+                                                         self._kwargs, strict=False,
+                                                         tie_weights=False)
                 overlaps.check_outputs(outputs)
             try:
                 self.split = blocks.end_forward()
@@ -219,7 +255,8 @@ class StepCapture:
                 with torch.nn.utils.stateless._reparametrize_module(
                         self.model, tensors, tie_weights=False, strict=False), \
                         device_parameters(self.model, self._state.host, self._state.tensors), \
-                        self.hooks.on_device(self._state.tensors):
+                        self.hooks.on_device(self._state.tensors), \
+                        recording(self.model, reads):
                     received = self._backward(recorder.loss(outputs))
             else:
                 received = frozenset()
@@ -233,7 +270,7 @@ class StepCapture:
         # the modelled peak of its temporaries on each IPU
         self.placements = program.placements()
         self.temporary_peaks = program.temporary_peaks()
-        self.received.append(received)
+        self.current.received.append(received)
         self.variants += 1
         return program
 
@@ -257,15 +294,17 @@ class StepCapture:
         """The updates to run after an iteration, chosen by the variants that
         ran in it. With replicas in other processes (a ProcessReplicas), a
         parameter trained in any process is updated in all of them."""
+        variants = self.current.received
+
         def choose(ran: Sequence[int]) -> Any:
-            received = frozenset().union(*(self.received[i] for i in ran))
+            received = frozenset().union(*(variants[i] for i in ran))
             if processes is not None:
                 flags = torch.tensor([id(p) in received for p in self.trainable])
                 flags = processes.any_of(flags)
                 received = frozenset(id(p) for p, f in zip(self.trainable, flags) if f)
             return self.update(received, scale)
 
-        return _C.UpdateVariants(self.update(self.received[0], scale), choose,
+        return _C.UpdateVariants(self.update(variants[0], scale), choose,
                                  processes is not None)
 
     @contextlib.contextmanager
@@ -288,6 +327,46 @@ class StepCapture:
         logger.info("capturing the step again (variant %d): %s, read at %s",
                     self.variants + 1, reason, site)
         return self.micro_step()
+
+    def follows_python_values(self) -> bool:
+        """Makes current the specialisation whose guards on the Python values forward read
+        hold (the current one first); False when none does."""
+        if self.current.reads.hold():
+            return True
+        for specialisation in self.specialisations:
+            if specialisation is not self.current and specialisation.reads.hold():
+                logger.debug("the step runs its specialisation for: %s",
+                             "; ".join(text for text, _ in self.current.reads.changes()))
+                self.current = specialisation
+                return True
+        return False
+
+    def specialise(self) -> Any:
+        """Captures the step for the Python values forward reads now, which no
+        specialisation was captured for (from the data in the device inputs); returns
+        its first program. The limit of variants counts every capture."""
+        changes = self.current.reads.changes()
+        changed = "; ".join(text + (f", read at {site}" if site else "")
+                            for text, site in changes)
+        limit = max_step_variants()
+        if self.variants >= limit:
+            raise Error(
+                f"the model's forward reads Python values that change from call to call "
+                f"({changed}), and the step was captured {self.variants} times, once for each "
+                f"set of values, which is the limit (POPTORCH_MAX_STEP_VARIANTS={limit}). "
+                "PopTorch compiles a static graph: pass a value that changes as an input "
+                "tensor, or raise the limit", location=next((site for _, site in changes
+                                                             if site), None))
+        logger.info("capturing the step again (variant %d): %s", self.variants + 1, changed)
+        previous = self.current
+        self.current = Specialisation()
+        try:
+            program = self.micro_step()
+        except BaseException:
+            self.current = previous
+            raise
+        self.specialisations.append(self.current)
+        return program
 
     def _backward(self, loss: torch.Tensor) -> FrozenSet[int]:
         """Captures the backward pass and the accumulation (or update) of the
@@ -350,8 +429,9 @@ class StepCapture:
         leaves = [self._on_device(o.detach()) if isinstance(o, torch.Tensor) else o
                   for o in leaves]
         tensors = [o for o in leaves if isinstance(o, torch.Tensor)]
-        if self.variants == 0:
-            self.out_leaves, self.out_spec, self.device_outputs = leaves, spec, tensors
+        current = self.current
+        if current.out_spec is None:
+            current.out_leaves, current.out_spec, current.device_outputs = leaves, spec, tensors
             return
         if spec != self.out_spec or [(o.shape, o.dtype) for o in tensors] != [
                 (o.shape, o.dtype) for o in self.device_outputs] or [

@@ -1,0 +1,294 @@
+"""The Python values a wrapped model's ``forward`` reads, guarded as ``torch.compile`` guards them.
+
+The compiled step replays the ops of its capture, so a plain Python value that forward
+read then (``x * self.scale``, ``if self.use_relu:``, ``x.reshape(self.n)``, a global
+``SCALE``) is baked into it. While the step is captured, each attribute read from a
+module's instance dict is recorded: each module's class is swapped for a cached subclass
+whose ``__getattribute__`` records the read, and swapped back after. The globals and
+closure variables that the model's methods (and the functions they call) load are found
+from their bytecode. After the capture the values are kept (containers copied); before
+each call :meth:`PythonReads.hold` compares them with the current ones, in C (one
+``dict.get`` per value), and a value that changed selects another specialisation of the
+step or captures one. Values that ``forward`` does not read (an epoch number kept on the
+model) are not guarded, so changing them costs nothing.
+
+Not guarded here: tensors (parameters and buffers are the step's device tensors; a plain
+tensor attribute is a constant of the step, with a warning), ``training`` (a step keeps
+its modes), hooks and submodules (``_compiled_with.py`` and ``_device_state.py`` refuse
+their changes). An object read from a module (a Hugging Face ``config``) is guarded by
+identity and by its own attributes, one level deep.
+"""
+from __future__ import annotations
+
+import contextlib
+import dis
+import enum
+import functools
+import sys
+import types
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+
+import torch
+
+# nn.Module's own bookkeeping (training, _parameters, the hook dicts, ...): guarded elsewhere.
+_MODULE_STATE = frozenset(vars(torch.nn.Module()))
+_MISSING = object()
+# A module's recorder while its step is captured, by id(module): a capture on another
+# thread records into its own, and autograd's threads record too (a checkpointed part
+# of forward run again in backward).
+_RECORDERS: Dict[int, "_Recorder"] = {}
+# The recording subclass of each module class wrapped (it holds the class: kept for good)
+_SUBCLASSES: Dict[type, type] = {}
+_PLAIN_SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+                  enum.Enum)
+
+
+def _plain(value: Any) -> bool:
+    """Data compared by value: numbers, strings, dtypes, enums and containers of them."""
+    if isinstance(value, _PLAIN_SCALARS):
+        return True
+    if isinstance(value, (tuple, list, set, frozenset)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _kept(value: Any) -> Any:
+    """The value as read, with its containers copied: a list changed in place differs."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return type(value)(_kept(v) for v in value) if type(value) in (
+            list, tuple, set, frozenset) else value
+    if type(value) is dict:  # pylint: disable=unidiomatic-typecheck
+        return {k: _kept(v) for k, v in value.items()}
+    return value
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except (RuntimeError, ValueError, TypeError):  # an array's or a tensor's __eq__
+        return False
+
+
+class PythonReads:
+    """The Python values one specialisation of a step read, and where they live."""
+
+    def __init__(self) -> None:
+        self._labels: List[Tuple[str, str]] = []  # what the user calls each value, and where
+        self._dicts: List[Dict[str, Any]] = []  # a module's __dict__ or a function's globals
+        self._keys: List[str] = []
+        self._values: List[Any] = []
+        self._objects: List[Dict[str, Any]] = []  # vars() of objects read from modules
+        self._object_values: List[Dict[str, Any]] = []
+        self._object_labels: List[Tuple[str, str]] = []
+        self._cells: List[Any] = []  # closure cells
+        self._cell_values: List[Any] = []
+        self._cell_labels: List[Tuple[str, str]] = []
+        self._guarded: Set[Tuple[int, str]] = set()  # (id of the dict, key) of each value
+
+    def hold(self) -> bool:
+        """True when every value read is what it was at the capture."""
+        try:
+            return (list(map(dict.get, self._dicts, self._keys)) == self._values
+                    and self._objects == self._object_values
+                    and (not self._cells or [_cell(c) for c in self._cells] == self._cell_values))
+        except (RuntimeError, ValueError, TypeError):  # an array's or a tensor's __eq__
+            return False
+
+    def changes(self) -> List[Tuple[str, str]]:
+        """What changed since the capture, and where forward read it (file:line, or "")."""
+        out = []
+        for (label, site), holder, key, kept in zip(self._labels, self._dicts, self._keys,
+                                                     self._values):
+            now = holder.get(key, _MISSING)
+            if not _equal(now, kept):
+                now_text = "deleted" if now is _MISSING else _short(now)
+                out.append((f"{label} changed from {_short(kept)} to {now_text}", site))
+        for (label, site), live, kept in zip(self._object_labels, self._objects,
+                                             self._object_values):
+            for key in sorted(live.keys() | kept.keys()):
+                if not _equal(live.get(key, _MISSING), kept.get(key, _MISSING)):
+                    out.append((f"{label}, its attribute {key!r}, changed", site))
+        for (label, site), cell, kept in zip(self._cell_labels, self._cells, self._cell_values):
+            if not _equal(_cell(cell), kept):
+                out.append((f"{label} changed from {_short(kept)} to {_short(_cell(cell))}",
+                            site))
+        return out
+
+    def add(self, label: str, site: str, holder: Dict[str, Any], key: str) -> None:
+        if (id(holder), key) in self._guarded:
+            return
+        self._guarded.add((id(holder), key))
+        value = holder.get(key, _MISSING)
+        self._labels.append((label, site))
+        self._dicts.append(holder)
+        self._keys.append(key)
+        self._values.append(_kept(value) if value is not _MISSING else None)
+        if _has_own_attributes(value) and all(o is not vars(value) for o in self._objects):
+            self._objects.append(vars(value))
+            self._object_values.append(dict(vars(value)))
+            self._object_labels.append((label, site))
+
+    def add_cell(self, label: str, site: str, cell: Any) -> None:
+        if all(c is not cell for c in self._cells):
+            self._cells.append(cell)
+            self._cell_values.append(_kept(_cell(cell)))
+            self._cell_labels.append((label, site))
+
+
+def stateless(module: Any) -> bool:
+    """A module holding no parameter and no buffer (an activation): the step's guards
+    take it being replaced by another such module (``self.act = nn.GELU()``)."""
+    return (isinstance(module, torch.nn.Module) and next(module.parameters(), None) is None
+            and next(module.buffers(), None) is None)
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return _MISSING
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _has_own_attributes(value: Any) -> bool:
+    """An object (a config) whose attributes forward may read: guarded one level deep."""
+    return (hasattr(value, "__dict__") and type(vars(value)) is dict  # pylint: disable=unidiomatic-typecheck
+            and not callable(value) and not _plain(value)
+            and not isinstance(value, (type, types.ModuleType, torch.nn.Module, torch.Tensor)))
+
+
+class _Recorder:
+    """What the modules read during one capture: (module, attribute) pairs, and the
+    Python functions read from them (``self.forward``, ``self.helper``)."""
+
+    def __init__(self) -> None:
+        # (module, where it was first read), by (id of the module, attribute)
+        self.reads: Dict[Tuple[int, str], Tuple[torch.nn.Module, str]] = {}
+        self.functions: Dict[int, types.FunctionType] = {}
+
+    def read(self, module: torch.nn.Module, name: str, value: Any) -> None:
+        if name in _MODULE_STATE or isinstance(value, torch.Tensor) or (
+                name.startswith("__") and name.endswith("__")):
+            return
+        own = object.__getattribute__(module, "__dict__")
+        if own.get(name, _MISSING) is value and (id(module), name) not in self.reads:
+            # not a method, property or class attribute; the caller of __getattribute__
+            frame = sys._getframe(2)  # pylint: disable=protected-access
+            site = f"{frame.f_code.co_filename}:{frame.f_lineno} (in {frame.f_code.co_name})"
+            self.reads[(id(module), name)] = (module, site)
+        function = value.__func__ if isinstance(value, types.MethodType) else value
+        if isinstance(function, types.FunctionType) and not _in_torch(function):
+            self.functions.setdefault(id(function), function)
+
+
+def _in_torch(function: types.FunctionType) -> bool:
+    return (function.__module__ or "").split(".")[0] == "torch"
+
+
+def _recording_class(cls: type) -> Optional[type]:
+    """A subclass of ``cls`` with its layout whose instances record their attribute reads."""
+    sub = _SUBCLASSES.get(cls)
+    if sub is None:
+        get = cls.__getattribute__
+
+        def __getattribute__(self: Any, name: str) -> Any:  # pylint: disable=invalid-name
+            value = get(self, name)
+            recorder = _RECORDERS.get(id(self))
+            if recorder is not None:
+                recorder.read(self, name, value)
+            return value
+
+        try:
+            sub = type(cls)(cls.__name__, (cls,), {
+                "__slots__": (), "__getattribute__": __getattribute__,
+                "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        except TypeError:  # a final class, or a metaclass that refuses
+            return None
+        _SUBCLASSES[cls] = sub
+    return sub
+
+
+@contextlib.contextmanager
+def recording(model: torch.nn.Module, reads: PythonReads) -> Iterator[None]:
+    """Adds to ``reads`` what the model's modules read from Python inside the block (a
+    step's capture), and the globals and closure variables their methods load."""
+    recorder = _Recorder()
+    swapped: List[Tuple[torch.nn.Module, type, type]] = []
+    names = {id(m): name for name, m in model.named_modules()}
+    try:
+        for module in list(model.modules()):
+            _RECORDERS[id(module)] = recorder
+            cls = type(module)
+            sub = _recording_class(cls)
+            if sub is not None:
+                try:
+                    module.__class__ = sub
+                except TypeError:  # __class__ assignment refused (a layout of its own)
+                    continue
+                swapped.append((module, cls, sub))
+        yield
+    finally:
+        for key in names:
+            _RECORDERS.pop(key, None)
+        for module, cls, sub in swapped:
+            if type(module) is sub:  # a lazy module became its final class meanwhile
+                module.__class__ = cls
+    for (_, name), (module, site) in recorder.reads.items():
+        prefix = names.get(id(module), "")
+        label = f"the model's attribute {(prefix + '.' if prefix else '') + name!r}"
+        reads.add(label, site, vars(module), name)
+    for module in model.modules():
+        prefix = names.get(id(module), "")
+        for child_name, child in module._modules.items():  # pylint: disable=protected-access
+            if stateless(child):
+                path = f"{prefix}.{child_name}" if prefix else child_name
+                reads.add(f"the model's submodule {path!r}", "", module._modules, child_name)  # pylint: disable=protected-access
+    for fn in _with_the_functions_they_load(list(recorder.functions.values())):
+        code = fn.__code__
+        for name, line in _global_loads(code):
+            if _plain(fn.__globals__.get(name, _MISSING)):
+                module = fn.__globals__.get("__name__", "?")
+                site = f"{code.co_filename}:{line} (in {code.co_name})"
+                reads.add(f"the global {name!r} of {module}", site, fn.__globals__, name)
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            if name != "__class__" and _plain(_cell(cell)):
+                site = f"{code.co_filename}:{code.co_firstlineno} (in {code.co_name})"
+                reads.add_cell(f"the variable {name!r} of {fn.__qualname__}", site, cell)
+
+
+@functools.lru_cache(maxsize=4096)
+def _global_loads(code: types.CodeType) -> Tuple[Tuple[str, int], ...]:
+    """The names a function's code (its comprehensions and lambdas too) loads as
+    globals, each with the line of its first load."""
+    names: Dict[str, int] = {}
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            positions = instruction.positions
+            line = positions.lineno if positions and positions.lineno else code.co_firstlineno
+            names.setdefault(instruction.argval, line)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            for name, line in _global_loads(const):
+                names.setdefault(name, line)
+    return tuple(names.items())
+
+
+def _with_the_functions_they_load(functions: List[types.FunctionType]) -> List[types.FunctionType]:
+    """The functions, and the Python functions outside torch they load as globals (a
+    helper of the user's file): one level, as forward reads values through such helpers."""
+    seen = {id(f) for f in functions}
+    loaded = []
+    for fn in functions:
+        wrapped = getattr(fn, "__wrapped__", None)  # under a decorator
+        for value in [wrapped] + [fn.__globals__.get(n) for n, _ in _global_loads(fn.__code__)]:
+            if isinstance(value, types.FunctionType) and id(value) not in seen and not _in_torch(
+                    value):
+                seen.add(id(value))
+                loaded.append(value)
+    return functions + loaded
