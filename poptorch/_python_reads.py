@@ -5,8 +5,8 @@ read then (``x * self.scale``, ``if self.use_relu:``, ``x.reshape(self.n)``, a g
 ``SCALE``) is baked into it. While the step is captured, each attribute read from a
 module's instance dict is recorded: each module's class is swapped for a cached subclass
 whose ``__getattribute__`` records the read, and swapped back after. The globals and
-closure variables that the model's methods (and the functions they call) load are found
-from their bytecode. After the capture the values are kept (containers copied); before
+closure variables that the methods forward called (and the functions they load) load are
+found from their bytecode, outside torch and installed libraries (their constants). After the capture the values are kept (containers copied); before
 each call :meth:`PythonReads.hold` compares them with the current ones, in C (one
 ``dict.get`` per value), and a value that changed selects another specialisation of the
 step or captures one. Values that ``forward`` does not read (an epoch number kept on the
@@ -24,6 +24,7 @@ import contextlib
 import dis
 import enum
 import functools
+import operator
 import sys
 import types
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
@@ -33,6 +34,7 @@ import torch
 # nn.Module's own bookkeeping (training, _parameters, the hook dicts, ...): guarded elsewhere.
 _MODULE_STATE = frozenset(vars(torch.nn.Module()))
 _MISSING = object()
+_CONTENTS = operator.attrgetter("cell_contents")
 # A module's recorder while its step is captured, by id(module): a capture on another
 # thread records into its own, and autograd's threads record too (a checkpointed part
 # of forward run again in backward).
@@ -92,9 +94,9 @@ class PythonReads:
         try:
             return (list(map(dict.get, self._dicts, self._keys)) == self._values
                     and self._objects == self._object_values
-                    and (not self._cells or [_cell(c) for c in self._cells] == self._cell_values))
-        except (RuntimeError, ValueError, TypeError):  # an array's or a tensor's __eq__
-            return False
+                    and list(map(_CONTENTS, self._cells)) == self._cell_values)
+        except (RuntimeError, ValueError, TypeError):  # an array's or a tensor's __eq__,
+            return False  # an emptied cell
 
     def changes(self) -> List[Tuple[str, str]]:
         """What changed since the capture, and where forward read it (file:line, or "")."""
@@ -183,12 +185,16 @@ class _Recorder:
             site = f"{frame.f_code.co_filename}:{frame.f_lineno} (in {frame.f_code.co_name})"
             self.reads[(id(module), name)] = (module, site)
         function = value.__func__ if isinstance(value, types.MethodType) else value
-        if isinstance(function, types.FunctionType) and not _in_torch(function):
+        if isinstance(function, types.FunctionType) and not _installed(function):
             self.functions.setdefault(id(function), function)
 
 
-def _in_torch(function: types.FunctionType) -> bool:
-    return (function.__module__ or "").split(".")[0] == "torch"
+def _installed(function: types.FunctionType) -> bool:
+    """A function of torch or of an installed library (transformers): its globals and
+    closure variables are the library's constants, not the user's values."""
+    filename = function.__code__.co_filename.replace("\\", "/")
+    return ((function.__module__ or "").split(".")[0] == "torch"
+            or "/site-packages/" in filename or "/dist-packages/" in filename)
 
 
 def _recording_class(cls: type) -> Optional[type]:
@@ -280,14 +286,15 @@ def _global_loads(code: types.CodeType) -> Tuple[Tuple[str, int], ...]:
 
 
 def _with_the_functions_they_load(functions: List[types.FunctionType]) -> List[types.FunctionType]:
-    """The functions, and the Python functions outside torch they load as globals (a
-    helper of the user's file): one level, as forward reads values through such helpers."""
+    """The functions, and the Python functions they load as globals (a helper of the
+    user's file), outside installed libraries: one level, as forward reads values through
+    such helpers."""
     seen = {id(f) for f in functions}
     loaded = []
     for fn in functions:
         wrapped = getattr(fn, "__wrapped__", None)  # under a decorator
         for value in [wrapped] + [fn.__globals__.get(n) for n, _ in _global_loads(fn.__code__)]:
-            if isinstance(value, types.FunctionType) and id(value) not in seen and not _in_torch(
+            if isinstance(value, types.FunctionType) and id(value) not in seen and not _installed(
                     value):
                 seen.add(id(value))
                 loaded.append(value)
