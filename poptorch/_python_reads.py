@@ -201,14 +201,22 @@ def _recording_class(cls: type) -> Optional[type]:
     """A subclass of ``cls`` with its layout whose instances record their attribute reads."""
     sub = _SUBCLASSES.get(cls)
     if sub is None:
-        get = cls.__getattribute__
 
         def __getattribute__(self: Any, name: str) -> Any:  # pylint: disable=invalid-name
-            value = get(self, name)
+            # super(), not cls.__getattribute__: dynamo (a torch.compile'd call of the
+            # module inside forward) traces super().__getattribute__ as the plain
+            # lookup, where it would recurse into this method again.
+            value = super(sub, self).__getattribute__(name)
+            if torch.compiler.is_compiling():  # dynamo guards what it traces
+                return value
             recorder = _RECORDERS.get(id(self))
             if recorder is not None:
                 recorder.read(self, name, value)
             return value
+
+        # Not a frame for dynamo to compile: its frame callback reads the module's
+        # attributes, which would run this method again.
+        torch._dynamo.eval_frame.skip_code(__getattribute__.__code__)  # pylint: disable=protected-access
 
         try:
             sub = type(cls)(cls.__name__, (cls,), {
