@@ -1,10 +1,10 @@
 #include <algorithm>
+#include <array>
 #include <optional>
 #include <string_view>
 #include <vector>
 
 #include "passes/passes.h"
-#include "passes/sole_readers.h"
 
 namespace poptorch::passes {
 namespace {
@@ -29,6 +29,12 @@ struct Backward {
   int32_t grad_x_scaled;  // grad_scaled * half
   int32_t add_scaled;     // ... + grad_x_scaled: the gradient of x
   ir::TensorRef result;   // the gradient of x, as the last add leaves it
+
+  // The nodes the fused gradient replaces, which run where add_scaled did.
+  std::array<int32_t, 10> replaced() const {
+    return {grad_plus_one, grad_scaled,  grad_u,       grad_inner, grad_power,
+            power,         power_factor, grad_x_power, add_power,  grad_x_scaled};
+  }
 };
 
 // The chain's nodes (see fuseTanhGelu), found from its tanh, and in training
@@ -36,6 +42,11 @@ struct Backward {
 struct Chain {
   int32_t scale, power, times_kappa, inner, times_beta, tanh, plus_one, product;
   std::optional<Backward> backward;
+
+  // The nodes the fused chain replaces, which runs where product did.
+  std::array<int32_t, 7> replaced() const {
+    return {scale, power, times_kappa, inner, times_beta, tanh, plus_one};
+  }
 };
 
 // Readers of a saved intermediate besides the chain's next node: the one
@@ -48,16 +59,17 @@ class ChainFinder {
  public:
   explicit ChainFinder(const ir::Graph& graph)
       : graph_(graph),
-        readers_(graph),
         producer_(graph.buffers.size(), -1),
-        all_readers_(graph.buffers.size()) {
+        readers_(graph.buffers.size()),
+        written_(graph.buffers.size(), false) {
     for (size_t i = 0; i < graph.nodes.size(); ++i) {
       const auto index = static_cast<int32_t>(i);
       for (const ir::TensorRef& out : graph.nodes[i].outputs) producer_[out.buffer] = index;
       for (const ir::TensorRef& in : graph.nodes[i].inputs) {
-        auto& readers = all_readers_[in.buffer];
+        auto& readers = readers_[in.buffer];
         if (readers.empty() || readers.back() != index) readers.push_back(index);
       }
+      for (ir::BufferId w : graph.nodes[i].writes) written_[w] = true;
     }
   }
 
@@ -146,8 +158,14 @@ class ChainFinder {
 
   // The first node that reads `buffer`, or -1.
   int32_t firstReader(ir::BufferId buffer) const {
-    const auto& readers = all_readers_[buffer];
+    const auto& readers = readers_[buffer];
     return readers.empty() ? -1 : readers.front();
+  }
+
+  // The one node that reads `buffer`, or -1 (none or several).
+  int32_t soleReader(ir::BufferId buffer) const {
+    const auto& readers = readers_[buffer];
+    return readers.size() == 1 ? readers.front() : -1;
   }
 
   // A float32 temporary made whole by one node and read by `reader` alone,
@@ -155,8 +173,8 @@ class ChainFinder {
   // (-1 if none).
   bool intermediate(const ir::TensorRef& ref, int32_t reader, int32_t* other = nullptr) const {
     const ir::BufferInfo& buffer = graph_.buffers[ref.buffer];
-    const auto& readers = all_readers_[ref.buffer];
-    if (buffer.existed_before || buffer.live_after || readers_.written(ref.buffer) ||
+    const auto& readers = readers_[ref.buffer];
+    if (buffer.existed_before || buffer.live_after || written_[ref.buffer] ||
         ref.dtype != c10::ScalarType::Float || !ref.coversWhole(buffer.nbytes) ||
         readers.empty() || readers.front() != reader) {
       return false;
@@ -247,7 +265,7 @@ class ChainFinder {
       return std::nullopt;
     }
     const ir::TensorRef& grad_u = node(b.grad_u).outputs[0];
-    b.grad_inner = readers_.soleReader(grad_u.buffer);
+    b.grad_inner = soleReader(grad_u.buffer);
     if (b.grad_inner < 0 || !scalarOp(b.grad_inner, "aten::mul", "Tensor", 2) ||
         !intermediate(grad_u, b.grad_inner)) {
       return std::nullopt;
@@ -257,7 +275,7 @@ class ChainFinder {
     // them) or as fresh results (AOTAutograd's graphs). grad_power reads
     // grad_inner's result first, before it changes.
     const ir::TensorRef& inner = node(b.grad_inner).outputs[0];
-    const auto& inner_readers = all_readers_[inner.buffer];
+    const auto& inner_readers = readers_[inner.buffer];
     if (graph_.buffers[inner.buffer].existed_before ||
         !inner.coversWhole(graph_.buffers[inner.buffer].nbytes) || inner_readers.size() < 2) {
       return std::nullopt;
@@ -266,7 +284,7 @@ class ChainFinder {
     b.add_power = inner_readers[1];
     if (!scalarOp(b.grad_power, "aten::mul", "Tensor", 2)) return std::nullopt;
     const ir::TensorRef& grad_power = node(b.grad_power).outputs[0];
-    b.grad_x_power = readers_.soleReader(grad_power.buffer);
+    b.grad_x_power = soleReader(grad_power.buffer);
     if (b.grad_x_power < 0 || !intermediate(grad_power, b.grad_x_power)) return std::nullopt;
     const ir::TensorRef* power_factor = tensorArg(b.grad_x_power, 1);
     if (power_factor == nullptr || productWith(b.grad_x_power, *power_factor) == nullptr ||
@@ -278,7 +296,7 @@ class ChainFinder {
     }
     const ir::TensorRef& grad_x_power = node(b.grad_x_power).outputs[0];
     const ir::TensorRef& grad_scaled = node(b.grad_scaled).outputs[0];
-    b.grad_x_scaled = readers_.soleReader(grad_scaled.buffer);
+    b.grad_x_scaled = soleReader(grad_scaled.buffer);
     if (!intermediate(grad_x_power, b.add_power) || b.grad_x_scaled < 0 ||
         !scalarOp(b.grad_x_scaled, "aten::mul", "Tensor", 2) ||
         !intermediate(grad_scaled, b.grad_x_scaled)) {
@@ -297,7 +315,7 @@ class ChainFinder {
         return std::nullopt;
       }
       const ir::TensorRef& partial = node(b.add_power).outputs[0];
-      b.add_scaled = readers_.soleReader(partial.buffer);
+      b.add_scaled = soleReader(partial.buffer);
       if (b.add_scaled < 0 || !intermediate(partial, b.add_scaled) ||
           !adds(b.add_scaled, partial, grad_x_scaled)) {
         return std::nullopt;
@@ -317,10 +335,7 @@ class ChainFinder {
         return std::nullopt;
       }
     }
-    const int32_t members[] = {b.grad_plus_one, b.grad_scaled,  b.grad_u,   b.grad_inner,
-                               b.grad_power,    b.power,        b.power_factor,
-                               b.grad_x_power,  b.add_power,    b.grad_x_scaled};
-    for (int32_t m : members) {
+    for (int32_t m : b.replaced()) {
       if (!node(m).sameStateOfCall(node(b.add_scaled))) return std::nullopt;
     }
     return b;
@@ -329,9 +344,8 @@ class ChainFinder {
   // True if a node other than the chain's changes x while the chain (and its
   // gradient) reads it, or the chain's nodes were called in other states.
   bool xChanges(const Chain& c, ir::BufferId x) const {
-    const int32_t members[] = {c.scale,      c.power, c.times_kappa, c.inner,
-                               c.times_beta, c.tanh,  c.plus_one,    c.product};
-    const int32_t first = *std::min_element(std::begin(members), std::end(members));
+    const std::array<int32_t, 7> members = c.replaced();
+    const int32_t first = std::min(*std::min_element(members.begin(), members.end()), c.product);
     for (int32_t m : members) {
       if (!node(m).sameStateOfCall(node(c.product))) return true;
     }
@@ -343,10 +357,10 @@ class ChainFinder {
   }
 
   const ir::Graph& graph_;
-  SoleReaders readers_;
   std::vector<int32_t> producer_;  // per buffer, the node whose result it is
   // per buffer, the nodes that read it, in program order
-  std::vector<c10::SmallVector<int32_t, 2>> all_readers_;
+  std::vector<c10::SmallVector<int32_t, 2>> readers_;
+  std::vector<bool> written_;  // per buffer, whether a node writes it in place
 };
 
 // Runtime argument `a` of `n`, read from the graph as captured.
@@ -410,18 +424,11 @@ ir::Graph fuseTanhGelu(ir::Graph graph) {
     fused.fresh_returns = {true};
     fused.source_index = n[c->product].source_index;
     fused.placement = n[c->product].placement;
-    for (int32_t m :
-         {c->scale, c->power, c->times_kappa, c->inner, c->times_beta, c->tanh, c->plus_one}) {
-      keep[m] = false;
-    }
+    for (int32_t m : c->replaced()) keep[m] = false;
     replacements.emplace_back(c->product, std::move(fused));
     if (c->backward) {
-      const Backward& b = *c->backward;
-      for (int32_t m : {b.grad_plus_one, b.grad_scaled, b.grad_u, b.grad_inner, b.grad_power,
-                        b.power, b.power_factor, b.grad_x_power, b.add_power, b.grad_x_scaled}) {
-        keep[m] = false;
-      }
-      replacements.emplace_back(b.add_scaled, fusedBackward(n, *c));
+      for (int32_t m : c->backward->replaced()) keep[m] = false;
+      replacements.emplace_back(c->backward->add_scaled, fusedBackward(n, *c));
     }
   }
   for (auto& [index, node] : replacements) graph.nodes[index] = std::move(node);
