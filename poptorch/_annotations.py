@@ -309,6 +309,10 @@ def BeginBlock(layer_to_call: torch.nn.Module, user_id: Optional[BlockId] = None
             return _BeginBlockFunction(layer_to_call, user_id, ipu_id)  # type: ignore[return-value]
         raise Error(f"poptorch.BeginBlock takes a torch.nn.Module (or a function), got "
                     f"{type(layer_to_call).__name__}")
+    if isinstance(layer_to_call, torch.jit.ScriptModule):
+        raise Error("poptorch.BeginBlock cannot annotate a TorchScript module "
+                    f"({type(layer_to_call).__name__}: it takes no Python hooks): annotate the "
+                    "Python module that calls it, or call it inside `with poptorch.Block(...)`")
     hooks = layer_to_call._forward_pre_hooks  # pylint: disable=protected-access
     if any(isinstance(hook, _BlockHook) for hook in hooks.values()):
         raise Error(f"module has already been assigned to a block (this "  # PopTorch's words

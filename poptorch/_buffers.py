@@ -10,8 +10,8 @@ each replica buffers of its own (``_C.ReplicaBuffers``).
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Dict, Iterator, List, Optional, Set
+import functools
+from typing import Callable, Dict, List, Optional, Set
 
 import torch
 
@@ -32,7 +32,8 @@ def _check_kept(model: torch.nn.Module, expected: Dict[str, torch.Tensor],
             if (name in buffers) != (kind == "Buffer"):
                 continue
             prefix, _, leaf = name.rpartition(".")
-            value = getattr(model.get_submodule(prefix), leaf, _MISSING)
+            owner = functools.reduce(getattr, prefix.split("."), model) if prefix else model
+            value = getattr(owner, leaf, _MISSING)
             if value is _MISSING or value is None:
                 raise Error(f"{kind} {name} is removed from the model when calling the "
                             "forward method.")
@@ -43,17 +44,11 @@ def _check_kept(model: torch.nn.Module, expected: Dict[str, torch.Tensor],
                             "src is the name of the source tensor.")
 
 
-@contextlib.contextmanager
-def kept_in_forward(model: torch.nn.Module, tensors: Dict[str, torch.Tensor]) -> Iterator[None]:
-    """While a step is captured: at the end of ``forward``, the model must
-    still hold the device tensors it was called with (``tensors``, by name)."""
+def kept_check(model: torch.nn.Module, tensors: Dict[str, torch.Tensor]) -> Callable[[], None]:
+    """The check that, at the end of ``forward``, the model still holds the device
+    tensors it was called with (``tensors``, by name)."""
     buffers = {name for name, _ in model.named_buffers(remove_duplicate=False)}
-    handle = model.register_forward_hook(
-        lambda module, args, output: _check_kept(module, tensors, buffers))
-    try:
-        yield
-    finally:
-        handle.remove()
+    return functools.partial(_check_kept, model, tensors, buffers)
 
 
 def replica_buffers(model: torch.nn.Module, tensors: Dict[str, torch.Tensor], step: "_C.StepVariants",

@@ -7,7 +7,8 @@ one set of device weights (training updates are seen by inference at once).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Set, Tuple
+import functools
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -43,6 +44,14 @@ def _host_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
     return state
 
 
+def _slot(slots: Any, key: str) -> Callable[[], Optional[torch.Tensor]]:
+    """What a module holds under ``key`` of its parameters or buffers, read at each call."""
+    if type(slots) is dict:  # pylint: disable=unidiomatic-typecheck
+        return functools.partial(dict.get, slots, key)
+    # a TorchScript module's (torch.jit's view of its C++ attributes)
+    return lambda: slots[key] if key in slots else None
+
+
 class DeviceState:
     """The device tensors behind one model, for one executor."""
 
@@ -54,9 +63,9 @@ class DeviceState:
         # names, host tensors and device tensors in one order, for the check of
         # every call (changed_on_the_host); None after either dict changed
         self._pairs: Optional[Tuple[List[str], List[torch.Tensor], List[torch.Tensor]]] = None
-        # (name, the dict its module keeps it in, its key there): where the
-        # user may put another tensor under that name
-        self._slots: List[Tuple[str, Dict[str, Optional[torch.Tensor]], str]] = []
+        # (name, what its module holds under it now): where the user may put
+        # another tensor under that name
+        self._slots: List[Tuple[str, Callable[[], Optional[torch.Tensor]]]] = []
         # (name, the dict a module keeps its submodules in, a copy of it): the
         # compiled step runs the submodules it was compiled with
         self._children: List[Tuple[str, Dict[str, Any], Dict[str, Any]]] = []
@@ -64,10 +73,12 @@ class DeviceState:
         for prefix, module in model.named_modules(remove_duplicate=False):
             dot = f"{prefix}." if prefix else ""
             for slots in (module._parameters, module._buffers):  # pylint: disable=protected-access
-                self._slots += [(dot + key, slots, key) for key in slots if dot + key in self.host]
-            self.buffer_names.update(dot + key for key in module._buffers)  # pylint: disable=protected-access
+                self._slots += [(dot + key, _slot(slots, key)) for key in slots.keys()
+                                if dot + key in self.host]
+            self.buffer_names.update(dot + key for key in module._buffers.keys())  # pylint: disable=protected-access
             children = module._modules  # pylint: disable=protected-access
-            if children:
+            # TorchScript refuses to replace a module's submodules
+            if children and not isinstance(module, torch.jit.ScriptModule):
                 self._children.append((prefix, children, dict(children)))
         self.attach()
 
@@ -126,8 +137,8 @@ class DeviceState:
         self._check_submodules()
         changed: Dict[str, torch.Tensor] = {}
         replaced = set()
-        for name, slots, key in self._slots:
-            current = slots.get(key)
+        for name, slot in self._slots:
+            current = slot()
             if current is not self.host[name]:
                 if current is None:
                     raise Error(f"the model's {name!r} was removed (set to None) after the "

@@ -42,6 +42,8 @@ def reached_through_wrapper(model: torch.nn.Module, name: str, value: Any,
         handles: List[Any] = []
         try:
             for module_name, module in model.named_modules():
+                if isinstance(module, torch.jit.ScriptModule):  # takes no Python hooks
+                    continue
                 where = f"its submodule {module_name!r}" if module_name else "the model"
                 handles.append(module.register_forward_pre_hook(
                     _refusal(model, name, where, wrapper_kind), prepend=True))

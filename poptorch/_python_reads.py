@@ -88,13 +88,18 @@ class PythonReads:
         self._cell_values: List[Any] = []
         self._cell_labels: List[Tuple[str, str]] = []
         self._guarded: Set[Tuple[int, str]] = set()  # (id of the dict, key) of each value
+        # TorchScript modules' attributes (their code reads them in C++): getters
+        self._script_reads: List[Any] = []
+        self._script_values: List[Any] = []
+        self._script_labels: List[str] = []
 
     def hold(self) -> bool:
         """True when every value read is what it was at the capture."""
         try:
             return (list(map(dict.get, self._dicts, self._keys)) == self._values
                     and self._objects == self._object_values
-                    and list(map(_CONTENTS, self._cells)) == self._cell_values)
+                    and list(map(_CONTENTS, self._cells)) == self._cell_values
+                    and [read() for read in self._script_reads] == self._script_values)
         except (RuntimeError, ValueError, TypeError):  # an array's or a tensor's __eq__,
             return False  # an emptied cell
 
@@ -116,6 +121,10 @@ class PythonReads:
             if not _equal(_cell(cell), kept):
                 out.append((f"{label} changed from {_short(kept)} to {_short(_cell(cell))}",
                             site))
+        for label, read, kept in zip(self._script_labels, self._script_reads,
+                                     self._script_values):
+            if not _equal(read(), kept):
+                out.append((f"{label} changed from {_short(kept)} to {_short(read())}", ""))
         return out
 
     def add(self, label: str, site: str, holder: Dict[str, Any], key: str) -> None:
@@ -137,6 +146,21 @@ class PythonReads:
             self._cells.append(cell)
             self._cell_values.append(_kept(_cell(cell)))
             self._cell_labels.append((label, site))
+
+
+    def add_script_attributes(self, path: str, module: torch.jit.ScriptModule) -> None:
+        """Every plain attribute of a TorchScript module (``self.scale``): its compiled
+        code reads them in C++, out of the recorder's sight, so all are guarded."""
+        attributes = module._c  # pylint: disable=protected-access
+        for name in module._concrete_type.get_attributes():  # pylint: disable=protected-access
+            if name in _MODULE_STATE or name == "_is_full_backward_hook":
+                continue
+            value = attributes.getattr(name)
+            if _plain(value):
+                self._script_reads.append(functools.partial(attributes.getattr, name))
+                self._script_values.append(value)
+                where = f"the model's submodule {path!r}" if path else "the model"
+                self._script_labels.append(f"the TorchScript attribute {name!r} of {where}")
 
 
 def stateless(module: Any) -> bool:
@@ -237,6 +261,9 @@ def recording(model: torch.nn.Module, reads: PythonReads) -> Iterator[None]:
     names = {id(m): name for name, m in model.named_modules()}
     try:
         for module in list(model.modules()):
+            if isinstance(module, torch.jit.ScriptModule):
+                reads.add_script_attributes(names.get(id(module), ""), module)
+                continue
             _RECORDERS[id(module)] = recorder
             cls = type(module)
             sub = _recording_class(cls)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -103,6 +103,18 @@ def _whole_step_capture() -> Iterator[None]:
         yield
     finally:
         _C.end_step_capture()
+
+
+def _call_with(model: torch.nn.Module, tensors: Dict[str, torch.Tensor], args: Any,
+               kwargs: Dict[str, Any], check_kept: Callable[[], None]) -> Any:
+    """``model(*args, **kwargs)`` with ``tensors`` (by name) in place of its own, as
+    ``torch.func.functional_call`` does (which refuses TorchScript modules);
+    ``check_kept`` runs at the end of forward, before the model's own are back."""
+    with torch.nn.utils.stateless._reparametrize_module(  # pylint: disable=protected-access
+            model, tensors, tie_weights=False, strict=False):
+        outputs = model(*args, **kwargs)
+        check_kept()
+        return outputs
 
 
 @dataclasses.dataclass(eq=False)
@@ -232,12 +244,10 @@ class StepCapture:
             with _precision.forward_casting(self.precision, self.model), HostConstants(), \
                     Float64Demotion(), _recompute.capture_modes(_capture_modes), \
                     overlap_checks.checking((self._args, self._kwargs)) as overlaps, \
-                    device_parameters(self.model, self._state.host, self._state.tensors), \
-                    _buffers.kept_in_forward(self.model, {**self._state.tensors, **rows}):
+                    device_parameters(self.model, self._state.host, self._state.tensors):
+                kept = _buffers.kept_check(self.model, {**self._state.tensors, **rows})
                 with recording(self.model, reads):
-                    outputs = torch.func.functional_call(self.model, tensors, self._args,
-                                                         self._kwargs, strict=False,
-                                                         tie_weights=False)
+                    outputs = _call_with(self.model, tensors, self._args, self._kwargs, kept)
                 overlaps.check_outputs(outputs)
             try:
                 self.split = blocks.end_forward()

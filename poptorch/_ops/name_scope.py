@@ -54,7 +54,8 @@ def module_name_scopes(model: torch.nn.Module) -> Iterator[None]:
 
     handles: List[Any] = []
     for path, module in model.named_modules():
-        if path:
+        # a TorchScript module takes no Python hooks: its ops keep the scope around it
+        if path and not isinstance(module, torch.jit.ScriptModule):
             handles.append(module.register_forward_pre_hook(enter(path.rsplit(".", 1)[-1])))
             handles.append(module.register_forward_hook(leave))
     try:
