@@ -27,7 +27,7 @@ import functools
 import operator
 import sys
 import types
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 
@@ -88,10 +88,10 @@ class PythonReads:
         self._cell_values: List[Any] = []
         self._cell_labels: List[Tuple[str, str]] = []
         self._guarded: Set[Tuple[int, str]] = set()  # (id of the dict, key) of each value
-        # TorchScript modules' attributes (their code reads them in C++): getters
-        self._script_reads: List[Any] = []
-        self._script_values: List[Any] = []
-        self._script_labels: List[str] = []
+        # values read through a getter: class attributes, TorchScript modules' attributes
+        self._getters: List[Callable[[], Any]] = []
+        self._getter_values: List[Any] = []
+        self._getter_labels: List[Tuple[str, str]] = []
 
     def hold(self) -> bool:
         """True when every value read is what it was at the capture."""
@@ -99,9 +99,10 @@ class PythonReads:
             return (list(map(dict.get, self._dicts, self._keys)) == self._values
                     and self._objects == self._object_values
                     and list(map(_CONTENTS, self._cells)) == self._cell_values
-                    and [read() for read in self._script_reads] == self._script_values)
-        except (RuntimeError, ValueError, TypeError):  # an array's or a tensor's __eq__,
-            return False  # an emptied cell
+                    and [read() for read in self._getters] == self._getter_values)
+        # an array's or a tensor's __eq__, an emptied cell, a deleted class attribute
+        except (RuntimeError, ValueError, TypeError, AttributeError):
+            return False
 
     def changes(self) -> List[Tuple[str, str]]:
         """What changed since the capture, and where forward read it (file:line, or "")."""
@@ -121,10 +122,12 @@ class PythonReads:
             if not _equal(_cell(cell), kept):
                 out.append((f"{label} changed from {_short(kept)} to {_short(_cell(cell))}",
                             site))
-        for label, read, kept in zip(self._script_labels, self._script_reads,
-                                     self._script_values):
-            if not _equal(read(), kept):
-                out.append((f"{label} changed from {_short(kept)} to {_short(read())}", ""))
+        for (label, site), read, kept in zip(self._getter_labels, self._getters,
+                                             self._getter_values):
+            now = _read(read)
+            if not _equal(now, kept):
+                now_text = "deleted" if now is _MISSING else _short(now)
+                out.append((f"{label} changed from {_short(kept)} to {now_text}", site))
         return out
 
     def add(self, label: str, site: str, holder: Dict[str, Any], key: str) -> None:
@@ -148,19 +151,21 @@ class PythonReads:
             self._cell_labels.append((label, site))
 
 
+    def add_getter(self, label: str, site: str, getter: Callable[[], Any]) -> None:
+        self._getters.append(getter)
+        self._getter_values.append(_kept(getter()))
+        self._getter_labels.append((label, site))
+
     def add_script_attributes(self, path: str, module: torch.jit.ScriptModule) -> None:
         """Every plain attribute of a TorchScript module (``self.scale``): its compiled
         code reads them in C++, out of the recorder's sight, so all are guarded."""
         attributes = module._c  # pylint: disable=protected-access
+        where = f"the model's submodule {path!r}" if path else "the model"
         for name in module._concrete_type.get_attributes():  # pylint: disable=protected-access
-            if name in _MODULE_STATE or name == "_is_full_backward_hook":
-                continue
-            value = attributes.getattr(name)
-            if _plain(value):
-                self._script_reads.append(functools.partial(attributes.getattr, name))
-                self._script_values.append(value)
-                where = f"the model's submodule {path!r}" if path else "the model"
-                self._script_labels.append(f"the TorchScript attribute {name!r} of {where}")
+            if name not in _MODULE_STATE and name != "_is_full_backward_hook" and _plain(
+                    attributes.getattr(name)):
+                self.add_getter(f"the TorchScript attribute {name!r} of {where}", "",
+                                functools.partial(attributes.getattr, name))
 
 
 def stateless(module: Any) -> bool:
@@ -168,6 +173,13 @@ def stateless(module: Any) -> bool:
     take it being replaced by another such module (``self.act = nn.GELU()``)."""
     return (isinstance(module, torch.nn.Module) and next(module.parameters(), None) is None
             and next(module.buffers(), None) is None)
+
+
+def _read(getter: Callable[[], Any]) -> Any:
+    try:
+        return getter()
+    except AttributeError:
+        return _MISSING
 
 
 def _cell(cell: Any) -> Any:
@@ -196,6 +208,9 @@ class _Recorder:
     def __init__(self) -> None:
         # (module, where it was first read), by (id of the module, attribute)
         self.reads: Dict[Tuple[int, str], Tuple[torch.nn.Module, str]] = {}
+        # the same, of plain class attributes of the user's classes (``scale = 2.0`` in
+        # the class body), which an instance attribute of that name would shadow later
+        self.class_reads: Dict[Tuple[int, str], Tuple[torch.nn.Module, str]] = {}
         self.functions: Dict[int, types.FunctionType] = {}
 
     def read(self, module: torch.nn.Module, name: str, value: Any) -> None:
@@ -203,22 +218,47 @@ class _Recorder:
                 name.startswith("__") and name.endswith("__")):
             return
         own = object.__getattribute__(module, "__dict__")
-        if own.get(name, _MISSING) is value and (id(module), name) not in self.reads:
-            # not a method, property or class attribute; the caller of __getattribute__
-            frame = sys._getframe(2)  # pylint: disable=protected-access
-            site = f"{frame.f_code.co_filename}:{frame.f_lineno} (in {frame.f_code.co_name})"
-            self.reads[(id(module), name)] = (module, site)
+        key = (id(module), name)
+        if own.get(name, _MISSING) is value:  # not a method, property or class attribute
+            if key not in self.reads:
+                self.reads[key] = (module, _site())
+        elif name not in own and key not in self.class_reads and _plain(value) and \
+                _user_class_attribute(type(module), name) is value:
+            self.class_reads[key] = (module, _site())
         function = value.__func__ if isinstance(value, types.MethodType) else value
         if isinstance(function, types.FunctionType) and not _installed(function):
             self.functions.setdefault(id(function), function)
 
 
+def _site() -> str:
+    """Where the user's code read an attribute: the caller of ``__getattribute__``."""
+    frame = sys._getframe(3)  # pylint: disable=protected-access
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} (in {frame.f_code.co_name})"
+
+
+def _user_class_attribute(cls: type, name: str) -> Any:
+    """The class attribute ``name`` as the class body of one of the user's classes (not
+    torch's or an installed library's) defines it, or _MISSING."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            module = sys.modules.get(klass.__module__)
+            filename = getattr(module, "__file__", None) or ""
+            if klass.__module__.split(".")[0] == "torch" or _in_site_packages(filename):
+                return _MISSING
+            return vars(klass)[name]
+    return _MISSING
+
+
+def _in_site_packages(filename: str) -> bool:
+    filename = filename.replace("\\", "/")
+    return "/site-packages/" in filename or "/dist-packages/" in filename
+
+
 def _installed(function: types.FunctionType) -> bool:
     """A function of torch or of an installed library (transformers): its globals and
     closure variables are the library's constants, not the user's values."""
-    filename = function.__code__.co_filename.replace("\\", "/")
     return ((function.__module__ or "").split(".")[0] == "torch"
-            or "/site-packages/" in filename or "/dist-packages/" in filename)
+            or _in_site_packages(function.__code__.co_filename))
 
 
 def _recording_class(cls: type) -> Optional[type]:
@@ -284,6 +324,12 @@ def recording(model: torch.nn.Module, reads: PythonReads) -> Iterator[None]:
         prefix = names.get(id(module), "")
         label = f"the model's attribute {(prefix + '.' if prefix else '') + name!r}"
         reads.add(label, site, vars(module), name)
+    for (_, name), (module, site) in recorder.class_reads.items():
+        prefix = names.get(id(module), "")
+        label = (f"the model's attribute {(prefix + '.' if prefix else '') + name!r} "
+                 f"(of its class {type(module).__name__})")
+        reads.add(label, site, vars(module), name)  # an instance attribute set later
+        reads.add_getter(label, site, functools.partial(getattr, type(module), name))
     for module in model.modules():
         prefix = names.get(id(module), "")
         for child_name, child in module._modules.items():  # pylint: disable=protected-access

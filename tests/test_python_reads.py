@@ -126,6 +126,21 @@ class ReadsAConfig(torch.nn.Module):
         return self.lin(x) * self.config.mult
 
 
+class ClassScale(torch.nn.Module):
+    scale = 2.0  # a default in the class body, which an instance attribute may shadow
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+class ClassScaleChanged(ClassScale):
+    """Its own class, as the test changes the class attribute."""
+
+
 def _set_global(value):
     global SCALE  # pylint: disable=global-statement
     SCALE = value
@@ -145,6 +160,11 @@ CHANGES = {  # model, a change that makes forward compute something else, the ch
     "submodule attribute": (ReadsASubmodule, lambda m: setattr(m.block, "p", 0.1),
                             lambda m: setattr(m.block, "p", 0.5)),
     "global": (ReadsAGlobal, lambda m: _set_global(-1.0), lambda m: _set_global(2.0)),
+    "class attribute shadowed": (ClassScale, lambda m: setattr(m, "scale", 3.0),
+                                 lambda m: delattr(m, "scale")),
+    "class attribute changed": (ClassScaleChanged,
+                                lambda m: setattr(ClassScaleChanged, "scale", 3.0),
+                                lambda m: setattr(ClassScaleChanged, "scale", 2.0)),
     "config attribute": (ReadsAConfig, lambda m: setattr(m.config, "mult", -2.0),
                          lambda m: setattr(m.config, "mult", 3.0)),
 }
