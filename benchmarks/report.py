@@ -24,24 +24,32 @@ def _fmt(value: Optional[float], digits: int = 2) -> str:
 
 
 def markdown(data: Dict[str, Any]) -> str:
-    lines = ["| model | task | mode | steps/s | warm-up s | peak RSS MB | vs eager | vs compile "
-             "| graphs compiled after warm-up | other load (cores) |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| model | task | mode | steps/s | processes' steps/s (min-max) | warm-up s "
+             "| peak RSS MB | vs eager | vs compile | graphs compiled after warm-up "
+             "| other load (cores) |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in data["results"]:
         if "error" in r:
             reason = (r["error"].strip().splitlines() or ["?"])[-1][:120].replace("|", "/")
             lines.append(f"| {r['model']} | {r['task']} | {r['mode']} | FAILED: {reason} "
-                         "| | | | | | |")
+                         "| | | | | | | |")
             continue
         graphs = r.get("graphs_compiled_after_warmup")
         lines.append(
             f"| {r['model']} | {r['task']} | {r['mode']} | {_fmt(r['steps_per_s'], 1)} "
-            f"| {_fmt(r['warmup_s'])} | {_fmt(r['peak_rss_mb'], 0)} "
+            f"| {_spread(r.get('process_steps_per_s'))} | {_fmt(r['warmup_s'])} | {_fmt(r['peak_rss_mb'], 0)} "
             f"| {_fmt(r['speedup_vs_eager'])} | {_fmt(r['speedup_vs_compile'])} "
             f"| {'—' if graphs is None else graphs} | {_fmt(r['other_load_cores'])} |")
     lines += ["", capture_line(data.get("capture_cost", {})),
               first_compile_line(data.get("first_compile_s")), machine_line(data["machine"])]
     return "\n".join(lines) + "\n"
+
+
+def _spread(rates: Optional[List[float]]) -> str:
+    """The range of the processes' steps/s (``--processes``), or — for one process."""
+    if not rates or len(rates) < 2:
+        return "—"
+    return f"{min(rates):.1f}-{max(rates):.1f}"
 
 
 def capture_line(cost: Dict[str, Any]) -> str:

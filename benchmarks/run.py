@@ -58,6 +58,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    f"times, when other processes kept more than {BUSY_CORES} cores busy")
     p.add_argument("--quiet-wait", type=float, default=120.0, help="seconds to wait, before "
                    "each measurement, for other processes to leave the cores idle")
+    p.add_argument("--processes", type=int, default=1, help="measure each (model, mode, "
+                   "task) in this many processes, in rounds over the whole plan, and keep the "
+                   "median: one process's speed depends on where its memory and threads land "
+                   "(the same build's MLP step varies by 1.5x between processes)")
     p.add_argument("--out", type=Path, default=HERE / "results", help="output folder")
     p.add_argument("--one", nargs=3, metavar=("MODEL", "MODE", "TASK"),
                    help="measure one (model, mode, task) in this process")
@@ -155,6 +159,17 @@ def measure_quietly(args: argparse.Namespace, what: List[str]) -> Dict[str, Any]
     return {**best, "attempts": len(attempts)}
 
 
+def median_process(processes: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The measurement of the median process by steps/s (a failed one if any failed),
+    with every process's steps/s in ``process_steps_per_s``."""
+    failed = [r for r in processes if "error" in r]
+    if failed:
+        return failed[0]
+    ranked = sorted(processes, key=lambda r: r["steps_per_s"])
+    median = ranked[(len(ranked) - 1) // 2]
+    return {**median, "process_steps_per_s": [r["steps_per_s"] for r in processes]}
+
+
 def _git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -198,13 +213,19 @@ def driver(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     machine = machine_info(args)
     plan = [(m, mode, t) for m in args.models for t in args.tasks for mode in args.modes]
-    results: List[Dict[str, Any]] = []
-    for index, (model, mode, task) in enumerate(plan, 1):
-        result = {"model": model, "mode": mode, "task": task,
-                  **measure_quietly(args, ["--one", model, mode, task])}
-        print(f"[{index}/{len(plan)}] {model} {mode} {task}: {_summary(result)}",
-              file=sys.stderr, flush=True)
-        results.append(result)
+    rounds = max(1, args.processes)
+    # rounds over the whole plan, so a drift of the machine's speed meets every mode alike
+    measured: Dict[Any, List[Dict[str, Any]]] = {key: [] for key in plan}
+    for round_index in range(rounds):
+        for index, (model, mode, task) in enumerate(plan, 1):
+            result = {"model": model, "mode": mode, "task": task,
+                      **measure_quietly(args, ["--one", model, mode, task])}
+            where = f"{index}/{len(plan)}" + (f", round {round_index + 1}/{rounds}"
+                                             if rounds > 1 else "")
+            print(f"[{where}] {model} {mode} {task}: {_summary(result)}",
+                  file=sys.stderr, flush=True)
+            measured[(model, mode, task)].append(result)
+    results = [median_process(measured[key]) for key in plan]
     capture = measure_quietly(args, ["--capture-cost"])
     print(f"capture cost: {capture}", file=sys.stderr, flush=True)
     add_speedups(results)
