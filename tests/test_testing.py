@@ -57,6 +57,9 @@ GENERIC_TESTS = textwrap.dedent('''
         def test_next_test_starts_clean(self, device):
             self.assertEqual((torch.ones(2, device=device) * 3).sum().item(), 6.0)
 
+        def test_cow_input(self, device):  # the name of test_ops' copy-on-write test
+            self.assertTrue(torch._C._is_cow_tensor(torch._lazy_clone(torch.ones(2, device=device))))
+
     instantiate_device_type_tests(TestGeneric, globals(), only_for="ipu")
 
     if __name__ == "__main__":
@@ -120,6 +123,26 @@ def test_a_deferred_error_is_reported_on_its_test_and_not_the_next(generic_outco
     outcomes, log = generic_outcomes
     assert outcomes["test_deferred_error_is_reported_here_ipu"] in ("FAILED", "ERROR"), log
     assert outcomes["test_next_test_starts_clean_ipu"] == "PASSED", log
+
+
+def test_a_test_of_a_capability_the_ipu_lacks_skips_with_the_reason(generic_outcomes):
+    outcomes, log = generic_outcomes
+    assert outcomes["test_cow_input_ipu"] == "SKIPPED", log
+    assert "copy-on-write storage" in log
+
+
+def test_a_lazy_clone_of_an_ipu_tensor_is_a_clone():
+    # torch._lazy_clone: the generic kernel refused ipu storage ("Expected storage != nullptr")
+    host = torch.randn(3, 4, requires_grad=True)
+    x = host.detach().to("ipu").requires_grad_()
+    clone = torch._lazy_clone(x)
+    torch.testing.assert_close(clone.cpu(), host.detach())
+    (clone * 2).sum().backward()
+    torch.testing.assert_close(x.grad.cpu(), torch.full((3, 4), 2.0))
+    with torch.no_grad():
+        clone.add_(1)  # a storage of its own
+    torch.testing.assert_close(x.cpu(), host.detach())
+    assert torch._lazy_clone(x.detach().t()).stride() == torch._lazy_clone(host.detach().t()).stride()
 
 
 def test_assert_same_moves_ipu_results_and_checks_their_device():

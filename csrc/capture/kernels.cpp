@@ -382,6 +382,13 @@ void recordStream(at::Tensor& /*self*/, c10::Stream stream) {
               stream.device());
 }
 
+// PyTorch's copy-on-write clone (torch._lazy_clone) shares a storage whose
+// DataPtr's context is its data; an ipu storage's context is its lazily
+// materialised block, which the generic kernel refused ("Expected storage !=
+// nullptr"). The ipu's lazy clone is an eager one: the same values, in a
+// storage of its own.
+at::Tensor lazyClone(const at::Tensor& self) { return self.clone(); }
+
 // `module.to(device)` keeps its Parameter objects (so tied weights stay tied
 // and an optimiser made before the move keeps training the model) only when
 // this says `param.data = moved` may swap the TensorImpl's contents; PyTorch's
@@ -507,6 +514,7 @@ TORCH_LIBRARY_IMPL(aten, IPU, m) {
   m.impl("group_norm", TORCH_FN(groupNorm));
   m.impl("_batch_norm_impl_index", TORCH_FN(batchNormImplIndex));
   m.impl("record_stream", TORCH_FN(recordStream));
+  m.impl("_lazy_clone", TORCH_FN(lazyClone));
   m.impl("_efficientzerotensor", TORCH_FN(efficientZeroTensor));
   m.impl("kaiser_window", TORCH_FN(kaiserWindowDefault));
   m.impl("kaiser_window.periodic", TORCH_FN(kaiserWindowPeriodic));
