@@ -16,7 +16,7 @@ Not guarded here: tensors (parameters and buffers are the step's device tensors;
 tensor attribute is a constant of the step, with a warning), ``training`` (a step keeps
 its modes), hooks and submodules (``_compiled_with.py`` and ``_device_state.py`` refuse
 their changes). An object read from a module (a Hugging Face ``config``) is guarded by
-identity and by its own attributes, one level deep.
+identity and by its own attributes, and the objects among them by theirs, three levels deep.
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ import torch
 # nn.Module's own bookkeeping (training, _parameters, the hook dicts, ...): guarded elsewhere.
 _MODULE_STATE = frozenset(vars(torch.nn.Module()))
 _MISSING = object()
+# How deep objects read from a module are guarded: a config, the configs it holds, theirs.
+_OBJECT_DEPTH = 3
 _CONTENTS = operator.attrgetter("cell_contents")
 # A module's recorder while its step is captured, by id(module): a capture on another
 # thread records into its own, and autograd's threads record too (a checkpointed part
@@ -139,10 +141,20 @@ class PythonReads:
         self._dicts.append(holder)
         self._keys.append(key)
         self._values.append(_kept(value) if value is not _MISSING else None)
-        if _has_own_attributes(value) and all(o is not vars(value) for o in self._objects):
-            self._objects.append(vars(value))
-            self._object_values.append(dict(vars(value)))
-            self._object_labels.append((label, site))
+        self._add_object(value, label, site, _OBJECT_DEPTH)
+
+    def _add_object(self, value: Any, label: str, site: str, depth: int) -> None:
+        """An object read from a module (a config) is guarded by its attributes, and the
+        objects among them by theirs (``self.cfg.model.scale``), ``depth`` levels deep."""
+        if depth == 0 or not _has_own_attributes(value) or any(
+                o is vars(value) for o in self._objects):
+            return
+        attributes = vars(value)
+        self._objects.append(attributes)
+        self._object_values.append(dict(attributes))
+        self._object_labels.append((label, site))
+        for key, inner in attributes.items():
+            self._add_object(inner, f"{label}, its attribute {key!r}", site, depth - 1)
 
     def add_cell(self, label: str, site: str, cell: Any) -> None:
         if all(c is not cell for c in self._cells):
@@ -195,7 +207,7 @@ def _short(value: Any) -> str:
 
 
 def _has_own_attributes(value: Any) -> bool:
-    """An object (a config) whose attributes forward may read: guarded one level deep."""
+    """An object (a config) whose attributes forward may read (PythonReads._add_object)."""
     return (hasattr(value, "__dict__") and type(vars(value)) is dict  # pylint: disable=unidiomatic-typecheck
             and not callable(value) and not _plain(value)
             and not isinstance(value, (type, types.ModuleType, torch.nn.Module, torch.Tensor)))

@@ -126,6 +126,24 @@ class ReadsAConfig(torch.nn.Module):
         return self.lin(x) * self.config.mult
 
 
+class NestedConfig:
+    """A research code's nested configuration (cfg.model.head.mult)."""
+
+    def __init__(self):
+        self.model = Config()
+        self.model.head = Config()
+
+
+class ReadsANestedConfig(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+        self.cfg = NestedConfig()
+
+    def forward(self, x):
+        return self.lin(x) * self.cfg.model.head.mult
+
+
 class ClassScale(torch.nn.Module):
     scale = 2.0  # a default in the class body, which an instance attribute may shadow
 
@@ -160,6 +178,9 @@ CHANGES = {  # model, a change that makes forward compute something else, the ch
     "submodule attribute": (ReadsASubmodule, lambda m: setattr(m.block, "p", 0.1),
                             lambda m: setattr(m.block, "p", 0.5)),
     "global": (ReadsAGlobal, lambda m: _set_global(-1.0), lambda m: _set_global(2.0)),
+    "nested config attribute": (ReadsANestedConfig,
+                                lambda m: setattr(m.cfg.model.head, "mult", -2.0),
+                                lambda m: setattr(m.cfg.model.head, "mult", 3.0)),
     "class attribute shadowed": (ClassScale, lambda m: setattr(m, "scale", 3.0),
                                  lambda m: delattr(m, "scale")),
     "class attribute changed": (ClassScaleChanged,
