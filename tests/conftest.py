@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 import contextlib
 import copy
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set,
+                    Tuple)
 
 import pytest
 import torch
@@ -141,6 +142,28 @@ def sgd_training_step(model: torch.nn.Module,
                       **sgd_options: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """`training_step` with torch.optim.SGD (lr 0.05)."""
     return training_step(model, torch.optim.SGD(model.parameters(), lr=0.05, **sgd_options))
+
+
+def compiled_steps_beside_the_cpu(cpu: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                                  steps: int = 3) -> Set[str]:
+    """Trains `cpu` and a copy of it on the ipu under torch.compile(backend="ipu")
+    `steps` SGD steps (lr 0.1) of `training_step` on (x, y), asserts the losses
+    and final weights equal the CPU's, and returns the names of the ops the
+    last step ran (from the third, the steady step's replay)."""
+    ipu = copy.deepcopy(cpu).to("ipu")
+    step_cpu = training_step(cpu, torch.optim.SGD(cpu.parameters(), lr=0.1))
+    step_ipu = torch.compile(training_step(ipu, torch.optim.SGD(ipu.parameters(), lr=0.1)),
+                             backend="ipu")
+    ran: Set[str] = set()
+    for _ in range(steps):
+        want = step_cpu(x, y).item()
+        with torch.profiler.profile() as prof:
+            got = step_ipu(x.to("ipu"), y.to("ipu")).item()
+        ran = {e.name for e in prof.events()}
+        torch.testing.assert_close(got, want)
+    for a, b in zip(cpu.parameters(), ipu.parameters()):
+        torch.testing.assert_close(b.detach().cpu(), a.detach())
+    return ran
 
 
 def compiled_training_beside_the_cpu(make_optimizer: Callable[[Any], torch.optim.Optimizer],

@@ -70,6 +70,14 @@ NodeCost computeBound(double flops, double flops_per_us, double half_speed_flops
   return cost;
 }
 
+// Whether `name` is aten::<op> or poptorch's kernel for it (the narrow
+// convolutions of kernels/narrow_convolution.cpp cost as their FLOPs do too).
+bool isAtenOrOwn(std::string_view name, std::string_view op) {
+  constexpr std::string_view kAten = "aten::", kOwn = "poptorch::";
+  return (name.substr(0, kAten.size()) == kAten && name.substr(kAten.size()) == op) ||
+         (name.substr(0, kOwn.size()) == kOwn && name.substr(kOwn.size()) == op);
+}
+
 bool isRandomFill(std::string_view name) {
   static constexpr std::string_view kRandom[] = {
       "aten::bernoulli_", "aten::bernoulli",   "aten::normal_",
@@ -83,10 +91,10 @@ bool isRandomFill(std::string_view name) {
 NodeCost estimateNodeCost(const ir::Node& node) {
   const std::string& name = node.op.operator_name().name;
   if (node.isMatMul()) return computeBound(gemmFlops(node), kGemmFlopsPerUs, 12e6);
-  if (name == "aten::convolution" && node.inputs.size() >= 2 && !node.outputs.empty()) {
+  if (isAtenOrOwn(name, "convolution") && node.inputs.size() >= 2 && !node.outputs.empty()) {
     return computeBound(convolutionFlops(node.outputs[0], node.inputs[1]), kConvFlopsPerUs, 10e6);
   }
-  if (name == "aten::convolution_backward" && node.inputs.size() >= 3) {
+  if (isAtenOrOwn(name, "convolution_backward") && node.inputs.size() >= 3) {
     // Input and weight gradients each cost the forward's FLOPs; the bias
     // gradient (one dimension) is a reduction.
     const double forward = convolutionFlops(node.inputs[0], node.inputs[2]);

@@ -30,6 +30,8 @@ inline constexpr OwnKernel kOwnKernels[] = {
     {"max_pool2d_with_indices", "max_pool2d_with_indices", false},
     {"max_pool2d_with_indices_backward", "max_pool2d_with_indices_backward", false},
     {"_safe_softmax", "_safe_softmax", true},
+    {"convolution", "convolution", false},
+    {"convolution_backward", "convolution_backward", false},
 };
 
 // Whether `qualified` ("poptorch::tanh") names one of the kernels above.

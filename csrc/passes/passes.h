@@ -77,6 +77,12 @@ ir::Graph useCounterBasedRandomFills(ir::Graph graph);
 // - aten::_safe_softmax (attention's math path) as poptorch::_safe_softmax:
 //   aten's softmax kernel and a scan for rows of -inf alone, where aten runs
 //   four kernels (softmax, == -inf, a scalar `all`, `where`). Bit for bit.
+// - aten::convolution and its backward as poptorch's where the convolution
+//   is narrow (kernels::isNarrowConvolution: fewer than 16 channels in and
+//   out, unit stride and dilation, planned NCHW): an im2col per image and
+//   MKL's GEMM, where oneDNN's NCHW kernels for so few channels are generic
+//   loops. Values within float32 rounding of the CPU's (sums in another
+//   order); other convolutions stay oneDNN's.
 ir::Graph useOwnKernels(ir::Graph graph);
 
 }  // namespace poptorch::passes
