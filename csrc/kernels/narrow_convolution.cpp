@@ -5,7 +5,9 @@
 //   forward         y[n] (C_out x P) = w (C_out x K) col[n] (K x P) + bias
 //   weight gradient gw (C_out x K) = sum over n of gy[n] (C_out x P) col[n]^T
 //   input gradient  gx[n] = col2im(w^T gy[n]), the columns added back into the image
-// where K = C KH KW and P = OH OW. The images are split over threads; each
+// where K = C KH KW and P = OH OW. A padded convolution's image is copied into
+// a zero-padded one first (and its gradient out of one), so that each row of
+// the columns is whole rows of an image. The images are split over threads; each
 // thread sums its images' weight and bias gradients, and the threads' sums
 // are added in thread order.
 //
@@ -64,12 +66,10 @@ struct Geometry {
   int64_t pixels() const { return out_h * out_w; }                   // P
   int64_t imageSize() const { return channels * height * width; }
   int64_t outputSize() const { return out_channels * pixels(); }
-  // The output columns [begin, end) whose input column ow + kw - pad_w is
-  // inside the image.
-  std::pair<int64_t, int64_t> insideColumns(int64_t kw) const {
-    const int64_t begin = std::clamp<int64_t>(pad_w - kw, 0, out_w);
-    return {begin, std::clamp<int64_t>(width + pad_w - kw, begin, out_w)};
-  }
+  bool padded() const { return pad_h != 0 || pad_w != 0; }
+  int64_t paddedHeight() const { return height + 2 * pad_h; }
+  int64_t paddedWidth() const { return width + 2 * pad_w; }
+  int64_t paddedSize() const { return channels * paddedHeight() * paddedWidth(); }
 };
 
 std::optional<Geometry> narrowGeometry(const ConvolutionShape& s) {
@@ -93,7 +93,7 @@ std::optional<Geometry> narrowGeometry(const ConvolutionShape& s) {
   if (s.weight[1] != g.channels || g.batch < 1 || g.channels < 1 ||
       g.channels >= kMaxChannels || g.out_channels < 1 || g.out_channels >= kMaxChannels ||
       g.kernel_h < 1 || g.kernel_w < 1 || g.out_h < 1 || g.out_w < 1 ||
-      g.patch() * g.pixels() > kIntMax || g.imageSize() > kIntMax) {
+      g.patch() * g.pixels() > kIntMax || g.paddedSize() > kIntMax) {
     return std::nullopt;
   }
   return g;
@@ -113,15 +113,41 @@ void matmul(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
   sgemm_(&trans_b, &trans_a, &rows, &cols, &depth, &one, b, &ld_b, a, &ld_a, &beta, c, &rows);
 }
 
-// dst[0, n) += src[0, n).
+// The lanes [0, n % 8) of a mask: a row's tail after its whole vectors.
+__attribute__((target("avx2,fma"))) inline __m256i tailMask(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n % kLanes)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// dst[0, n) = src[0, n); `tail` is tailMask(n). Masked loads and stores
+// for the tail, where a scalar loop would be vectorised with alias checks.
+__attribute__((target("avx2,fma"), always_inline)) inline void copyRow(float* dst,
+                                                                       const float* src,
+                                                                       int64_t n, __m256i tail) {
+  if (n < kLanes) {
+    _mm256_maskstore_ps(dst, tail, _mm256_maskload_ps(src, tail));
+    return;
+  }
+  // The last eight may overlap the ones before: they are copied again.
+  for (int64_t i = 0; i < n - kLanes; i += kLanes) {
+    _mm256_storeu_ps(dst + i, _mm256_loadu_ps(src + i));
+  }
+  _mm256_storeu_ps(dst + n - kLanes, _mm256_loadu_ps(src + n - kLanes));
+}
+
+// dst[0, n) += src[0, n); `tail` is tailMask(n).
 __attribute__((target("avx2,fma"), always_inline)) inline void addRow(float* dst,
                                                                       const float* src,
-                                                                      int64_t n) {
+                                                                      int64_t n, __m256i tail) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
   }
-  for (; i < n; ++i) dst[i] += src[i];
+  if (i < n) {
+    _mm256_maskstore_ps(dst + i, tail,
+                        _mm256_add_ps(_mm256_maskload_ps(dst + i, tail),
+                                      _mm256_maskload_ps(src + i, tail)));
+  }
 }
 
 __attribute__((target("avx2,fma"))) float sumRow(const float* src, int64_t n) {
@@ -136,71 +162,77 @@ __attribute__((target("avx2,fma"))) float sumRow(const float* src, int64_t n) {
   return total;
 }
 
-// The columns of one image (C x H x W): row (c, kh, kw) of `col` (K x P)
-// holds at output pixel (oh, ow) the input element that tap multiplies
-// there, 0 in the padding.
-__attribute__((target("avx2,fma"))) void im2col(const Geometry& geometry, const float* image,
+// A thread's scratch memory, uninitialised (each use writes what it reads):
+// the columns of one image (K x P) and, for a padded convolution, one padded
+// image (C x Hp x Wp).
+struct Scratch {
+  explicit Scratch(const Geometry& g)
+      : col(new float[g.patch() * g.pixels()]),
+        padded(g.padded() ? new float[g.paddedSize()] : nullptr) {}
+  std::unique_ptr<float[]> col, padded;
+};
+
+// One image (C x H x W) with its zero padding, in `padded`; the image itself
+// when the convolution has none.
+const float* padImage(const Geometry& g, const float* image, float* padded) {
+  if (!g.padded()) return image;
+  std::fill_n(padded, g.paddedSize(), 0.0f);
+  for (int64_t row = 0; row < g.channels * g.height; ++row) {
+    const int64_t c = row / g.height, ih = row % g.height;
+    std::copy_n(image + row * g.width, g.width,
+                padded + (c * g.paddedHeight() + ih + g.pad_h) * g.paddedWidth() + g.pad_w);
+  }
+  return padded;
+}
+
+// The gradient of an image (C x H x W) inside that of its padded image.
+void unpadImage(const Geometry& g, const float* padded, float* image) {
+  for (int64_t row = 0; row < g.channels * g.height; ++row) {
+    const int64_t c = row / g.height, ih = row % g.height;
+    std::copy_n(padded + (c * g.paddedHeight() + ih + g.pad_h) * g.paddedWidth() + g.pad_w,
+                g.width, image + row * g.width);
+  }
+}
+
+// The columns of one padded image (C x Hp x Wp): row (c, kh, kw) of `col`
+// (K x P) holds at output pixel (oh, ow) the element that tap multiplies
+// there, (c, oh + kh, ow + kw).
+__attribute__((target("avx2,fma"))) void im2col(const Geometry& g, const float* image,
                                                 float* col) {
-  const Geometry g = geometry;  // in registers across the fills' memset calls
-  float* row = col;
+  // Locals, so that the loops keep them in registers.
+  const int64_t rows = g.out_h, cols = g.out_w, width = g.paddedWidth();
+  const int64_t plane = g.paddedHeight() * width, taps_h = g.kernel_h, taps_w = g.kernel_w;
+  const __m256i tail = tailMask(cols);
   for (int64_t c = 0; c < g.channels; ++c) {
-    for (int64_t kh = 0; kh < g.kernel_h; ++kh) {
-      // The output rows whose input row oh + kh - pad_h is inside the image.
-      const int64_t top = std::clamp<int64_t>(g.pad_h - kh, 0, g.out_h);
-      const int64_t bottom = std::clamp<int64_t>(g.height + g.pad_h - kh, top, g.out_h);
-      for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
-        const auto [begin, end] = g.insideColumns(kw);
-        const int64_t n = end - begin;
-        const float* in =
-            image + (c * g.height + top + kh - g.pad_h) * g.width + begin + kw - g.pad_w;
-        std::fill_n(row, top * g.out_w, 0.0f);
-        float* out = row + top * g.out_w + begin;
-        for (int64_t oh = top; oh < bottom; ++oh, out += g.out_w, in += g.width) {
-          if (n >= kLanes) {
-            // The last eight may overlap the ones before: they are copied again.
-            for (int64_t i = 0; i < n - kLanes; i += kLanes) {
-              _mm256_storeu_ps(out + i, _mm256_loadu_ps(in + i));
-            }
-            _mm256_storeu_ps(out + n - kLanes, _mm256_loadu_ps(in + n - kLanes));
-          } else {
-            for (int64_t i = 0; i < n; ++i) out[i] = in[i];
-          }
-          if (n < g.out_w) {
-            std::fill_n(out - begin, begin, 0.0f);
-            std::fill_n(out + n, g.out_w - end, 0.0f);
-          }
+    for (int64_t kh = 0; kh < taps_h; ++kh) {
+      for (int64_t kw = 0; kw < taps_w; ++kw) {
+        const float* in = image + c * plane + kh * width + kw;
+        for (int64_t oh = 0; oh < rows; ++oh, in += width, col += cols) {
+          copyRow(col, in, cols, tail);
         }
-        std::fill_n(row + bottom * g.out_w, (g.out_h - bottom) * g.out_w, 0.0f);
-        row += g.pixels();
       }
     }
   }
 }
 
-// Adds the columns back into one image's gradient (C x H x W, zeroed first),
-// im2col's adjoint.
-__attribute__((target("avx2,fma"))) void col2im(const Geometry& geometry, const float* col,
+// Adds the columns back into one padded image's gradient (C x Hp x Wp,
+// zeroed first): im2col's adjoint.
+__attribute__((target("avx2,fma"))) void col2im(const Geometry& g, const float* col,
                                                 float* image) {
-  const Geometry g = geometry;  // see im2col
-  std::fill_n(image, g.imageSize(), 0.0f);
-  const float* row = col;
+  const int64_t rows = g.out_h, cols = g.out_w, width = g.paddedWidth();
+  const int64_t plane = g.paddedHeight() * width, taps_h = g.kernel_h, taps_w = g.kernel_w;
+  const __m256i tail = tailMask(cols);
+  std::fill_n(image, g.paddedSize(), 0.0f);
   for (int64_t c = 0; c < g.channels; ++c) {
-    for (int64_t kh = 0; kh < g.kernel_h; ++kh) {
-      for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
-        const auto [begin, end] = g.insideColumns(kw);
-        float* out = image + (c * g.height + kh - g.pad_h) * g.width + kw - g.pad_w;
-        for (int64_t oh = 0; oh < g.out_h; ++oh, row += g.out_w, out += g.width) {
-          const int64_t ih = oh + kh - g.pad_h;
-          if (ih >= 0 && ih < g.height) addRow(out + begin, row + begin, end - begin);
+    for (int64_t kh = 0; kh < taps_h; ++kh) {
+      for (int64_t kw = 0; kw < taps_w; ++kw) {
+        float* out = image + c * plane + kh * width + kw;
+        for (int64_t oh = 0; oh < rows; ++oh, out += width, col += cols) {
+          addRow(out, col, cols, tail);
         }
       }
     }
   }
-}
-
-// A scratch matrix of K x P floats (uninitialised: each use writes it whole).
-std::unique_ptr<float[]> columns(const Geometry& g) {
-  return std::unique_ptr<float[]>(new float[g.patch() * g.pixels()]);
 }
 
 at::Tensor forward(const Geometry& g, const at::Tensor& input, const at::Tensor& weight,
@@ -211,7 +243,7 @@ at::Tensor forward(const Geometry& g, const at::Tensor& input, const at::Tensor&
   const float* b = bias && bias->defined() ? bias->const_data_ptr<float>() : nullptr;
   float* y = output.mutable_data_ptr<float>();
   at::parallel_for(0, g.batch, 1, [&](int64_t begin, int64_t end) {
-    const std::unique_ptr<float[]> col = columns(g);
+    Scratch scratch(g);
     for (int64_t n = begin; n < end; ++n) {
       float* out = y + n * g.outputSize();
       if (b != nullptr) {
@@ -219,8 +251,8 @@ at::Tensor forward(const Geometry& g, const at::Tensor& input, const at::Tensor&
           std::fill_n(out + o * g.pixels(), g.pixels(), b[o]);
         }
       }
-      im2col(g, x + n * g.imageSize(), col.get());
-      matmul(false, false, g.out_channels, g.pixels(), g.patch(), w, col.get(),
+      im2col(g, padImage(g, x + n * g.imageSize(), scratch.padded.get()), scratch.col.get());
+      matmul(false, false, g.out_channels, g.pixels(), g.patch(), w, scratch.col.get(),
              b != nullptr ? 1.0f : 0.0f, out);
     }
   });
@@ -258,7 +290,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const Geometry& g,
                       : partial.data() + (chunk - 1) * sums + weights;
   };
   at::parallel_for(0, chunks, 1, [&](int64_t first_chunk, int64_t last_chunk) {
-    const std::unique_ptr<float[]> col = columns(g);
+    Scratch scratch(g);
+    float* col = scratch.col.get();
     for (int64_t chunk = first_chunk; chunk < last_chunk; ++chunk) {
       float* gw = weightSums(chunk);
       float* gb = biasSums(chunk);
@@ -267,8 +300,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const Geometry& g,
         const float* gy_n = gy + n * g.outputSize();
         const float beta = n == first ? 0.0f : 1.0f;
         if (mask[1]) {
-          im2col(g, x + n * g.imageSize(), col.get());
-          matmul(false, true, g.out_channels, g.patch(), g.pixels(), gy_n, col.get(), beta, gw);
+          im2col(g, padImage(g, x + n * g.imageSize(), scratch.padded.get()), col);
+          matmul(false, true, g.out_channels, g.patch(), g.pixels(), gy_n, col, beta, gw);
         }
         if (mask[2]) {
           for (int64_t o = 0; o < g.out_channels; ++o) {
@@ -276,8 +309,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const Geometry& g,
           }
         }
         if (mask[0]) {
-          matmul(true, false, g.patch(), g.pixels(), g.out_channels, w, gy_n, 0.0f, col.get());
-          col2im(g, col.get(), gx + n * g.imageSize());
+          matmul(true, false, g.patch(), g.pixels(), g.out_channels, w, gy_n, 0.0f, col);
+          float* gx_n = gx + n * g.imageSize();
+          col2im(g, col, g.padded() ? scratch.padded.get() : gx_n);
+          if (g.padded()) unpadImage(g, scratch.padded.get(), gx_n);
         }
       }
     }
