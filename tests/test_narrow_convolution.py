@@ -104,6 +104,22 @@ def test_the_gradients_the_mask_asks_for_are_the_cpus(mask):
             _assert_close_to_the_cpu(g, c, c64)
 
 
+def test_gradients_do_not_read_the_memory_they_are_written_to():
+    """The results are allocated uninitialised: memory that held NaN just before
+    (freed, and reused by the allocator for a result of the same size) must not
+    leak into a sum."""
+    x, w, _ = _tensors(4, 5, 13, 13, 12, (5, 5))
+    grad = torch.randn(4, 12, 9, 9, generator=torch.Generator().manual_seed(1))
+    args = _args(0)
+    want = aten.convolution_backward(grad, x, w, [12], *args, [True, True, True])
+    for _ in range(20):
+        for shape in (x.shape, w.shape, (12,)):
+            torch.full(shape, float("nan"))
+        got = ops.convolution_backward(grad, x, w, [12], *args, [True, True, True])
+        for g, c in zip(got, want):
+            torch.testing.assert_close(g, c, atol=1e-3, rtol=1e-4)
+
+
 # Convolutions the narrow kernels do not take: they run the CPU's.
 REFUSED = {
     "stride": ((2, 3, 9, 9, 4, (3, 3)), _args(0, stride=2)),

@@ -298,14 +298,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const Geometry& g,
       const int64_t first = chunk * g.batch / chunks, last = (chunk + 1) * g.batch / chunks;
       for (int64_t n = first; n < last; ++n) {
         const float* gy_n = gy + n * g.outputSize();
-        const float beta = n == first ? 0.0f : 1.0f;
+        // BLAS's beta 0 ignores the uninitialised sums; so must the bias's.
+        const bool start = n == first;
+        const float beta = start ? 0.0f : 1.0f;
         if (mask[1]) {
           im2col(g, padImage(g, x + n * g.imageSize(), scratch.padded.get()), col);
           matmul(false, true, g.out_channels, g.patch(), g.pixels(), gy_n, col, beta, gw);
         }
         if (mask[2]) {
           for (int64_t o = 0; o < g.out_channels; ++o) {
-            gb[o] = beta * gb[o] + sumRow(gy_n + o * g.pixels(), g.pixels());
+            gb[o] = (start ? 0.0f : gb[o]) + sumRow(gy_n + o * g.pixels(), g.pixels());
           }
         }
         if (mask[0]) {
