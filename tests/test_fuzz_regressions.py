@@ -274,6 +274,24 @@ def test_copy_from_the_same_bytes_in_the_same_order_is_allowed(source):
     assert_same(results[0], results[1], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("source", [
+    lambda t: t.view(3),  # another view of the same elements (batch seed 680975710)
+    lambda t: t.as_strided((3,), (0,), 0),
+    lambda t: t,
+])
+def test_copy_onto_itself_of_a_tensor_with_one_place_for_several_elements_is_allowed(source):
+    # The CPU's copy_ returns before its overlap check when each element would be copied
+    # onto itself; the ipu refused the destination's internal overlap.
+    results = []
+    for dev in DEVICES:
+        t = torch.tensor(1.5, device=dev).as_strided((1, 3), (3, 0), 0).view(3)
+        t.copy_(source(t))
+        results.append(t)
+    assert_same(results[0], results[1], rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="refers to a single memory location"):
+        results[1].copy_(results[1].view(torch.int32))  # not the same dtype: refused
+
+
 @pytest.mark.parametrize("call", [
     lambda t: torch.matmul(t, torch.ones(1, 2, device=t.device), out=t),  # batch seed 55501234
     lambda t: torch.mm(t, torch.ones(1, 3, device=t.device), out=t),

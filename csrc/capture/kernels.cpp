@@ -303,9 +303,19 @@ void download(const at::Tensor& ipu_src, const at::Tensor& cpu_dst) {
   Metrics::get().bytesFromIpu(static_cast<int64_t>(ipu_src.nbytes()));
 }
 
+// Whether dst.copy_(src) would copy each element onto itself: the CPU's copy_
+// returns before any check then (even for a destination with several elements
+// at one place), but redispatches another device's copy to _copy_from first.
+bool isSameData(const at::Tensor& dst, const at::Tensor& src) {
+  return dst.is_alias_of(src) && dst.storage_offset() == src.storage_offset() &&
+         dst.strides().equals(src.strides()) && dst.sizes().equals(src.sizes()) &&
+         dst.scalar_type() == src.scalar_type() && dst.is_conj() == src.is_conj() &&
+         dst.is_neg() == src.is_neg();
+}
+
 at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool) {
   if (self.is_ipu() && dst.is_ipu()) {
-    captureCopy(dst, self);
+    if (!isSameData(dst, self)) captureCopy(dst, self);
   } else if (dst.is_ipu()) {
     TORCH_CHECK(self.is_cpu(), "cannot copy from ", self.device(), " to ", dst.device());
     upload(self, dst);
