@@ -295,10 +295,24 @@ def _when_imported(name: str, action: Callable[[ModuleType], None]) -> None:
         sys.meta_path.insert(0, _AfterImport(name, action))
 
 
+def _index_fake_ipu_devices(fake_tensor: ModuleType) -> None:
+    # Dynamo traces on FakeTensors, which give a device without an index
+    # (torch.zeros(n, device="ipu")) the current one only for the device types
+    # _is_indexed_device_type lists, as eager's device guard does for every
+    # type. Without it such a tensor is on "ipu" beside the model's on "ipu:0",
+    # and ops that check their operands share a device (index_add_) refused
+    # them while tracing, where eager runs.
+    listed = fake_tensor._is_indexed_device_type
+    fake_tensor._is_indexed_device_type = lambda device_type: (
+        device_type == "ipu" or listed(device_type))
+
+
 def install() -> None:
     """Registers the backend "ipu" with dynamo (and keeps dynamo out of
     capture's own Python), and inductor's refusal of ipu graphs, each when its
-    module is imported."""
+    module is imported; gives ipu FakeTensors made without a device index the
+    current one, as other devices'."""
     _when_imported("torch._dynamo.backends.registry", _register_backend)
+    _when_imported("torch._subclasses.fake_tensor", _index_fake_ipu_devices)
     _when_imported("torch._dynamo.eval_frame", _skip_capture_callbacks)
     _when_imported("torch._inductor.codegen.common", _refuse_in_inductor)

@@ -10,7 +10,9 @@ computes ``(1 - target).mul_(input)``. While a step is captured, a
 Python, so the whole op runs on the ipu. Tensors a function writes (in-place
 functions, ``out=``) and 0-dim ones (host scalars mix with any device) stay.
 A float64 (complex128) tensor is uploaded in 32 bits, as PopTorch makes it a
-float32 (complex64) constant (see ``_float64``).
+float32 (complex64) constant (see ``_float64``). ``torch.normal(mean, std, size)``
+without a device, a factory that PyTorch's default-device mode leaves out, is
+made on the step's device as the other factories are.
 """
 from __future__ import annotations
 
@@ -30,6 +32,12 @@ def _ipu_device(tree: Any) -> Optional[torch.device]:
     return None
 
 
+def _is_host_factory_call(args: Any, kwargs: Any) -> bool:
+    """Whether a call makes a tensor from Python values alone, without a device."""
+    return "device" not in kwargs and "out" not in kwargs and not any(
+        isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves((args, kwargs)))
+
+
 # Functions whose tensor argument says where the result goes.
 _MOVES = frozenset(("to", "type_as"))
 
@@ -39,6 +47,11 @@ class HostConstants(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.normal and _is_host_factory_call(args, kwargs):
+            # The step's default device (PyTorch's device mode leaves torch.normal out:
+            # its other overloads take tensors), as for the other factories: on the
+            # host, an in-place op with the step's tensors would refuse it.
+            kwargs = {**kwargs, "device": torch.get_default_device()}
         name = getattr(func, "__name__", "")
         writes = name.endswith("_") or "out" in kwargs
         device = None if writes or name in _MOVES else _ipu_device((args, kwargs))

@@ -1,7 +1,8 @@
 """The long run: ``python -m tests.fuzz --minutes 30`` (from the repository root).
 
 Runs batches of random programs, each batch under its own hypothesis seed, until the time
-is up. Every mismatch is shrunk to a small program, printed, and written to the report
+is up; with ``--wrapped`` each program also runs through poptorch.inferenceModel,
+trainingModel and torch.compile(backend="ipu") (``wrapped.py``). Every mismatch is shrunk to a small program, printed, and written to the report
 directory (one file per kind of mismatch); the run goes on with the next seed. The program
 being checked is always in ``<reports>/current-program.txt``, for a crash.
 """
@@ -23,14 +24,15 @@ from .ops import OP_NAMES
 from .program import Program, programs
 
 
-def _batch(batch_seed: int, examples: int, chunks: int, stats: Stats, current: Path) -> None:
+def _batch(batch_seed: int, examples: int, chunks: int, stats: Stats, current: Path,
+           wrapped: bool) -> None:
     @seed(batch_seed)
     @settings(database=None, deadline=None, max_examples=examples, derandomize=False,
               report_multiple_bugs=False, suppress_health_check=list(HealthCheck))
     @given(programs(OP_NAMES, chunks))
     def fuzz(program: Program) -> None:
         current.write_text(repr(program))
-        check_program(program, stats, note)
+        check_program(program, stats, note, wrapped=wrapped)
     fuzz()
 
 
@@ -41,6 +43,8 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=300, help="programs per batch")
     parser.add_argument("--chunks", type=int, default=4, help="runs of up to 10 steps")
     parser.add_argument("--reports", type=Path, default=Path("fuzz-reports"))
+    parser.add_argument("--wrapped", action="store_true",
+                        help="each program through the wrapped paths too (slower)")
     args = parser.parse_args()
     args.reports.mkdir(parents=True, exist_ok=True)
     current = args.reports / "current-program.txt"
@@ -51,7 +55,7 @@ def main() -> int:
     while time.monotonic() < deadline:
         print(f"batch seed {batch_seed}", flush=True)
         try:
-            _batch(batch_seed, args.examples, args.chunks, stats, current)
+            _batch(batch_seed, args.examples, args.chunks, stats, current, args.wrapped)
         except Mismatch as e:
             kind = f"{e.label}-{e.op}".replace(":", "_").replace(" ", "_")
             found[kind] = found.get(kind, 0) + 1

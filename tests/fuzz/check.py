@@ -1,16 +1,18 @@
-"""One fuzzed program, checked: the CPU against the ipu, a replay with new values (which
-must hit the executable cache), and the ipu against itself under one random seed."""
+"""One fuzzed program, checked: the CPU against the ipu in lazy mode, a replay with new
+values (which must hit the executable cache), and the ipu against itself under one random
+seed; and through the wrapped paths (``wrapped.py``)."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import poptorch
 
 from .compare import Mismatch, compare
-from .interpreter import render, replay, resolve
+from .interpreter import Resolved, render, replay, resolve
 from .known_issues import EXCLUSIONS
 from .program import Program
+from .wrapped import check_wrapped
 
 
 class Stats:
@@ -20,6 +22,7 @@ class Stats:
         self.ran: Counter = Counter()  # ran on the CPU without error
         self.raised: Counter = Counter()  # the CPU raised (the ipu had to as well)
         self.skipped: Counter = Counter()  # did not apply, or a known issue
+        self.wrapped: Counter = Counter()  # programs run through each wrapped path
         self.programs = 0
 
     def entries_ran(self) -> set:
@@ -31,6 +34,7 @@ class Stats:
             lines.append(f"  {variant:40} ran {self.ran[variant]:5}  raised "
                          f"{self.raised[variant]:5}")
         lines += [f"  skipped {name}: {count}" for name, count in self.skipped.most_common()]
+        lines += [f"  wrapped {path}: {count}" for path, count in sorted(self.wrapped.items())]
         return "\n".join(lines)
 
 
@@ -44,25 +48,33 @@ def drain() -> None:
 
 
 def check_program(program: Program, stats: Optional[Stats] = None,
-                  note: Callable[[str], None] = lambda text: None) -> None:
+                  note: Callable[[str], None] = lambda text: None, lazy: bool = True,
+                  wrapped: bool = False) -> None:
+    """Checks the program in lazy mode, and (`wrapped`) through the wrapped paths."""
     try:
-        _check(program, stats, note)
+        resolved = resolve(program, program.seed, EXCLUSIONS)
+        note(render(resolved.lines, program, program.seed))
+        if stats is not None:
+            stats.programs += 1
+            stats.skipped.update(resolved.skipped)
+            for line, record in zip(resolved.lines, resolved.cpu.records):
+                (stats.raised if record.error is not None else stats.ran)[line.op] += 1
+        if lazy:
+            _check_lazy(program, resolved)
+        if wrapped:
+            skipped: List[str] = []
+            check_wrapped(program, resolved, (program.seed, program.seed + 1),
+                          stats.wrapped if stats is not None else Counter(), skipped)
+            if stats is not None:
+                stats.skipped.update(skipped)
     finally:
         drain()
 
 
-def _check(program: Program, stats: Optional[Stats], note: Callable[[str], None]) -> None:
+def _check_lazy(program: Program, resolved: Resolved) -> None:
     seed_a, seed_b = program.seed, program.seed + 1
-    resolved = resolve(program, seed_a, EXCLUSIONS)
     lines = resolved.lines
     source = render(lines, program, seed_a)
-    note(source)
-    if stats is not None:
-        stats.programs += 1
-        stats.skipped.update(resolved.skipped)
-        for line, record in zip(lines, resolved.cpu.records):
-            (stats.raised if record.error is not None else stats.ran)[line.op] += 1
-
     ipu_a = replay(lines, resolved.leaves, "ipu", seed_a, program.seed)
     compare(resolved.cpu, ipu_a, lines, "cpu vs ipu", source)
 

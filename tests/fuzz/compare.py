@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Set
 
 import torch
 
@@ -103,3 +103,13 @@ def compare(cpu: Trace, ipu: Trace, lines: Sequence[Line], label: str, source: s
                                  exact)
         if diff:
             fail(None, f"{name}.grad: {diff}")
+
+
+def compare_values(cpu: Dict[str, Any], ipu: Dict[str, Any], undefined: Set[str],
+                   lines: Sequence[Line], label: str, source: str) -> None:
+    """Raises Mismatch at the first value of `ipu` that differs from the CPU's (by name;
+    `undefined` ones by shape and dtype only)."""
+    for name, value in cpu.items():
+        diff = _value_difference(value, ipu.get(name), name in undefined, False)
+        if diff:
+            raise Mismatch(label, lines, None, f"{name}: {diff}", source)

@@ -132,12 +132,13 @@ def _storage_key(t: torch.Tensor) -> Optional[Tuple[int, int]]:
 class Run:
     """One execution of a program on one device."""
 
-    def __init__(self, device: str, value_seed: int, manual_seed: int) -> None:
+    def __init__(self, device: str, value_seed: int, manual_seed: int,
+                 names: Optional[Dict[str, Any]] = None) -> None:
         torch.manual_seed(manual_seed)
         self.device = device
         self.ns: Dict[str, Any] = {"torch": torch, "F": torch.nn.functional,
                                    "poptorch": poptorch, "dev": device,
-                                   "rnd": Values(value_seed, device)}
+                                   "rnd": Values(value_seed, device), **(names or {})}
         self.tensors: List[str] = []
         self.scalars: List[str] = []
         self.trace = Trace(device)
@@ -320,9 +321,10 @@ def compile_line(line: Line) -> Any:
 
 
 def replay(lines: Sequence[Line], leaves: Sequence[str], device: str, value_seed: int,
-           manual_seed: int) -> Trace:
-    """Runs resolved lines again, on any device, with the values of `value_seed`."""
-    run = Run(device, value_seed, manual_seed)
+           manual_seed: int, names: Optional[Dict[str, Any]] = None) -> Trace:
+    """Runs resolved lines again, on any device, with the values of `value_seed` (and
+    `names` defined beforehand)."""
+    run = Run(device, value_seed, manual_seed, names)
     for line in lines:
         run.execute(line, compile_line(line))
     if lines and lines[-1].op == "backward":

@@ -61,14 +61,17 @@ def _search(c: Chooser) -> Line:
     kind = c.pick(("searchsorted", "bucketize", "histc", "bincount"))
     if kind == "bincount":
         x = c.tensor(lambda t: t.dim() == 1 and is_int(t) and t.dtype != torch.bool)
-        weights = ""
+        weights, refuses = "", None
         if c.flag():
             w = c.tensor(lambda t: t.shape == c.t(x).shape and is_float(t))
             weights = f", weights={w}"
+            # The CPU counts weights of any other dtype than float32 in float64.
+            refuses = TypeError if c.t(w).dtype != torch.float32 else None
         # Non-negative values (a negative one is an error only the values show: at the
         # first read on the ipu).
         return c.assign("search:bincount", f"torch.bincount({x} % 7{weights}, "
-                        f"minlength={c.int(0, 4)})", value_dependent=True)
+                        f"minlength={c.int(0, 4)})", value_dependent=True,
+                        ipu_refuses=refuses)
     if kind == "histc":
         x = c.tensor(lambda t: is_float(t) and t.dtype == torch.float32)
         lo = c.pick((0.0, -2.0, -1.0))
