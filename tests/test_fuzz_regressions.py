@@ -618,3 +618,17 @@ def test_a_normal_sample_made_in_a_wrapped_forward_is_on_the_ipu():
     model = poptorch.inferenceModel(_ClampsANormalSample())
     x = torch.arange(3.0)
     torch.testing.assert_close(model(x), _ClampsANormalSample()(x), rtol=0, atol=0)
+
+
+def test_a_backend_view_is_an_inference_tensor_where_its_base_is_one():
+    # Long fuzz run, batch seed 680975733: unfold (a view the ipu makes itself) of an
+    # inference tensor outside inference mode was not one; inside inference mode, unfold of
+    # a normal tensor raised "Cannot set version_counter for inference tensor".
+    for dev in DEVICES:
+        x = torch.ones(3, device=dev, requires_grad=True)
+        with torch.inference_mode():
+            base = torch.tensor(1.5, device=dev).exp()
+            inside = x.unfold(0, 2, 1)
+        assert base.unfold(0, 0, 1).is_inference(), dev
+        assert not inside.is_inference() and inside.requires_grad, dev
+        assert not x.unfold(0, 2, 1).is_inference(), dev

@@ -6,6 +6,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/native/CPUFallback.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/ScopeExit.h>
 #include <torch/library.h>
 
@@ -280,12 +281,29 @@ c10::IValue freshResult(const ReturnInfo& info, int device, ir::Node& node, Pend
   return list;
 }
 
+// Whether an ipu argument on `storage` is an inference tensor.
+bool viewsAnInferenceTensor(c10::ArrayRef<c10::IValue> arguments, const c10::Storage& storage) {
+  bool inference = false;
+  for (const c10::IValue& value : arguments) {
+    forEachTensor(value, [&](const at::Tensor& t) {
+      inference = inference || (t.defined() && t.is_ipu() && t.is_inference() &&
+                                t.storage().is_alias_of(storage));
+    });
+  }
+  return inference;
+}
+
 // The result for a return that is a view of an argument: an ipu tensor on the
 // argument's storage with the view's metadata, conjugate and negative bits
-// included (`conj(z).unfold(...)` reads the conjugate, as on the CPU).
-c10::IValue viewResult(const ReturnInfo& info, const std::vector<c10::Storage>& storages) {
+// included (`conj(z).unfold(...)` reads the conjugate, as on the CPU). A view
+// is an inference tensor where its base is one, in inference mode or not, as
+// PyTorch's views take their base's dispatch keys: the TensorImpl gets its
+// autograd keys from the mode it is made in.
+c10::IValue viewResult(const ReturnInfo& info, c10::ArrayRef<c10::IValue> arguments) {
+  const std::vector<c10::Storage> storages = argumentStorages(arguments);
   auto make = [&](const Layout& layout) -> at::Tensor {
     TORCH_INTERNAL_ASSERT(layout.storage >= 0, "a view result does not view an ipu argument");
+    const c10::InferenceMode mode(viewsAnInferenceTensor(arguments, storages[layout.storage]));
     at::Tensor view = device::ipuView(storages[layout.storage], layout.sizes, layout.strides,
                                       layout.offset, layout.dtype);
     view.unsafeGetTensorImpl()->_set_conj(layout.conj);
@@ -441,7 +459,7 @@ CapturedResults record(const c10::OperatorHandle& op, const OpTraits& traits,
       results.emplace_back();  // the written argument: see replaceArguments
       node.fresh_returns.push_back(false);
     } else if (alias) {
-      results.push_back(viewResult(meta.returns[r], argumentStorages(arguments)));
+      results.push_back(viewResult(meta.returns[r], arguments));
       node.fresh_returns.push_back(false);
     } else {
       const ReturnInfo& info = meta.returns[r];
