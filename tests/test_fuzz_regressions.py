@@ -632,3 +632,17 @@ def test_a_backend_view_is_an_inference_tensor_where_its_base_is_one():
         assert base.unfold(0, 0, 1).is_inference(), dev
         assert not inside.is_inference() and inside.requires_grad, dev
         assert not x.unfold(0, 2, 1).is_inference(), dev
+
+
+@pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8 is now deprecated")
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_a_uint8_mask_of_index_put_is_a_mask_in_the_call_time_checks(accumulate):
+    # Long fuzz run, batch seed 680975721 (the backward of t0[mask.to(torch.uint8)]): the
+    # call-time checks ran the CPU kernel with the uint8 mask as zeros (as integer indices
+    # are), so two values put into a mask of two ones were refused, selecting none.
+    results = []
+    for dev in DEVICES:
+        mask = torch.tensor([1, 1, 0], dtype=torch.uint8, device=dev)
+        results.append(torch.zeros(3, device=dev).index_put_(
+            (mask,), torch.tensor([5.0, 6.0], device=dev), accumulate=accumulate))
+    assert_same(results[0], results[1], rtol=0, atol=0)

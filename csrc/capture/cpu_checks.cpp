@@ -69,8 +69,10 @@ class StandIns {
         Extent& extent = extents[t.storage().unsafeGetStorageImpl()];
         if (extent.dtype == at::ScalarType::Undefined) extent.dtype = t.scalar_type();
         // A bool mask keeps both fillers: all true is the one whose selection
-        // fits the values put.
-        extent.index |= index && c10::isIntegralType(t.scalar_type(), /*includeBool=*/false);
+        // fits the values put. So does a uint8 one, which index and index_put
+        // take as a mask (PyTorch's deprecated form), not as indices.
+        extent.index |= index && c10::isIntegralType(t.scalar_type(), /*includeBool=*/false) &&
+                        t.scalar_type() != at::ScalarType::Byte;
         const size_t end = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize(),
                                                             t.storage_offset());
         total += std::max(end, extent.bytes) - extent.bytes;
