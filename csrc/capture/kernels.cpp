@@ -536,8 +536,9 @@ TORCH_LIBRARY_IMPL(aten, CPU, m) { m.impl("_to_copy", TORCH_FN(toCopy)); }
 
 // Ops with a host (CPU) kernel and also a generic math kernel for other
 // devices would get the math version on the ipu, which computes differently
-// from the CPU and captures as several nodes. Capture them as they are
-// instead; likewise convolution, whose generic kernel dispatches by device,
+// from the CPU and captures as several nodes (mish_backward's decomposition
+// rounds each step in bfloat16, the CPU's kernel once). Capture them as they
+// are instead; likewise convolution, whose generic kernel dispatches by device,
 // mode, whose generic kernel refuses devices other than CPU, CUDA and XPU,
 // conj_physical_, whose generic kernel calls the CPU's out= kernel directly
 // (a per-device-type kernel: "DispatchStub: unsupported device type ipu"), and
@@ -580,7 +581,8 @@ struct CaptureHostKernelOps {
       const c10::OperatorHandle op = *dispatcher.findOp(name);
       const bool has_math_kernel =
           op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
       const bool wanted = (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) && has_math_kernel) ||
                           genericKernelDispatchesByDevice(name) || capturedWholeForOwnKernel(name);
       if (!wanted || op.hasKernelForDispatchKey(c10::DispatchKey::IPU)) continue;
