@@ -48,10 +48,19 @@ def check_wrapped(program: Program, resolved: Resolved, value_seeds: Tuple[int, 
     if model is not None:
         ran["torch.compile"] += 1
         _check_compiled(model, value_seeds, skipped)
+        _check_modes_left(model, "torch.compile(backend='ipu')")
     model = model_program(program, resolved, value_seeds[0], "trainingModel", skipped)
     if model is not None:
         ran["trainingModel"] += 1
         _check_training(model, value_seeds)
+
+
+def _check_modes_left(model: ModelProgram, label: str) -> None:
+    """A call leaves the process's grad modes as it found them (every later program would
+    run in them)."""
+    if torch.is_inference_mode_enabled() or not torch.is_grad_enabled():
+        torch.autograd.grad_mode.set_grad_enabled(True)
+        raise _fail(model, label, "inference mode or no_grad left on after the calls")
 
 
 def _batchable(model: ModelProgram) -> bool:
