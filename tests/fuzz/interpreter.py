@@ -232,11 +232,16 @@ class Run:
         return self.trace
 
 
-def input_line(index: int, spec: InputSpec) -> Line:
+def input_call(spec: InputSpec) -> str:
+    """How an input's values are drawn (``rnd.seek`` to its index first)."""
     special = ", special=True" if spec.special and spec.dtype.is_floating_point else ""
+    return f"rnd({shape_lit(spec.shape)}, {DTYPE_NAMES[spec.dtype]}{special})"
+
+
+def input_line(index: int, spec: InputSpec) -> Line:
     grad = ".requires_grad_()" if spec.requires_grad and spec.dtype.is_floating_point else ""
-    return Line(op="input", code=f"t{index} = rnd({shape_lit(spec.shape)}, "
-                f"{DTYPE_NAMES[spec.dtype]}{special}){grad}", result=f"t{index}", key=index)
+    return Line(op="input", code=f"t{index} = {input_call(spec)}{grad}", result=f"t{index}",
+                key=index)
 
 
 def backward_line(run: Run) -> Optional[Line]:

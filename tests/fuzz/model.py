@@ -22,9 +22,9 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
-from .interpreter import Resolved, Trace, Values, replay
+from .interpreter import Resolved, Trace, Values, input_call, replay
 from .known_issues import EXCLUSIONS
-from .ops import DTYPE_NAMES, Line, shape_lit
+from .ops import Line
 from .program import InputSpec, Program
 
 # Autograd inside forward: the wrapper differentiates the step itself.
@@ -118,7 +118,7 @@ class ModelProgram:
         for draw in self.constants:
             init.append(f"rnd.seek({draw.key}); self.register_buffer('{draw.name}', "
                         f"{draw.call})")
-        inputs = [f"rnd.seek({i}); t{i} = {_input_call(self.spec(i))}" for i in self.data]
+        inputs = [f"rnd.seek({i}); t{i} = {input_call(self.spec(i))}" for i in self.data]
         return "\n".join([
             "class Model(torch.nn.Module):", "    def __init__(self):",
             "        super().__init__()", *("        " + line for line in init), "",
@@ -126,11 +126,6 @@ class ModelProgram:
             "# dev = 'cpu' on the CPU, None for a wrapped model, 'ipu' for a compiled one",
             "# inputs: rnd = Values(seed=<the value seed>, device='cpu')", *inputs,
             f"# called: {how}"])
-
-
-def _input_call(spec: InputSpec) -> str:
-    special = ", special=True" if spec.special and spec.dtype.is_floating_point else ""
-    return f"rnd({shape_lit(spec.shape)}, {DTYPE_NAMES[spec.dtype]}{special})"
 
 
 def _kept_lines(resolved: Resolved, inputs: int, path: str,
@@ -187,7 +182,7 @@ def model_program(program: Program, resolved: Resolved, value_seed: int, path: s
     for i, spec in enumerate(program.inputs):
         if training and spec.requires_grad and spec.dtype.is_floating_point:
             rnd.seek(i)
-            params.append(Draw(f"p{i}", i, _input_call(spec),
+            params.append(Draw(f"p{i}", i, input_call(spec),
                                rnd(spec.shape, spec.dtype, spec.special)))
         else:
             data.append(i)
