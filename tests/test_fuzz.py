@@ -12,10 +12,15 @@ from fuzz.interpreter import Meta, Record, Trace, replay
 from fuzz.ops import ALL_DTYPES, DTYPE_NAMES, Line
 from fuzz.wrapped import PATHS
 
-# About two minutes on a 2-core machine; derandomized: the same programs every run.
-CI_SLICE = settings(derandomize=True, database=None, deadline=None, max_examples=700,
+def _derandomized(examples: int) -> settings:
+    """The same programs every run: derandomized, no example database."""
+    return settings(derandomize=True, database=None, deadline=None, max_examples=examples,
                     report_multiple_bugs=False, print_blob=False,
                     suppress_health_check=list(HealthCheck))
+
+
+# About two minutes on a 2-core machine.
+CI_SLICE = _derandomized(700)
 
 
 @pytest.mark.slow
@@ -35,9 +40,7 @@ def test_cpu_and_ipu_agree_on_random_programs():
 
 # Short programs (up to 10 steps: dynamo traces about five lines a second), through the
 # wrapped paths only; about 40 s on two loaded cores (60 programs, 45 through a wrapper).
-WRAPPED_SLICE = settings(derandomize=True, database=None, deadline=None, max_examples=60,
-                         report_multiple_bugs=False, print_blob=False,
-                         suppress_health_check=list(HealthCheck))
+WRAPPED_SLICE = _derandomized(60)
 
 
 @pytest.mark.slow
