@@ -150,3 +150,31 @@ def test_softmax_into_a_strided_out_keeps_its_strides(op):
         results[device] = (base, out.stride())
     assert results["ipu"][1] == results["cpu"][1]
     assert_same(results["cpu"][0], results["ipu"][0])
+
+
+
+# geqrf runs on the host (its Meta kernel cannot infer its outputs). The CPU's geqrf restrides
+# an empty out= tensor of the right size column-major, and keeps the strides of any other
+# (a strided view stays one): each out= tensor of the ipu comes back as the CPU's.
+GEQRF_OUTS = {
+    "right size, row-major": lambda shape, device: torch.zeros(shape, device=device),
+    "right size, strided view": lambda shape, device: torch.zeros(
+        *shape[:-1], 2 * shape[-1], device=device)[..., ::2],
+    "no elements": lambda shape, device: torch.empty(0, device=device),
+}
+
+
+@pytest.mark.parametrize("shape", [(5, 0), (0, 3), (2, 0, 4), (4, 3), (2, 3, 4)])
+@pytest.mark.parametrize("out", GEQRF_OUTS)
+def test_geqrf_restrides_its_out_tensors_as_on_the_cpu(out, shape):
+    a = torch.randn(shape)
+    tau_shape = (*shape[:-2], min(shape[-2:]))
+    results = {}
+    for device in ("cpu", "ipu"):
+        qr, tau = GEQRF_OUTS[out](shape, device), GEQRF_OUTS[out](tau_shape, device)
+        returned = torch.geqrf(a.to(device), out=(qr, tau))
+        assert returned[0] is qr and returned[1] is tau
+        results[device] = [(t, t.shape, t.stride()) for t in (qr, tau)]
+    for (cpu, *cpu_layout), (ipu, *ipu_layout) in zip(results["cpu"], results["ipu"]):
+        assert ipu_layout == cpu_layout
+        assert_same(cpu, ipu)

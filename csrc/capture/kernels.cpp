@@ -134,15 +134,19 @@ at::Tensor emptyStrided(c10::IntArrayRef size, c10::IntArrayRef stride,
 // succeed on one device and fail on the other. Ipu tensors are as strided as
 // the CPU's, so these keep layouts as the CPU does: the same strides for a
 // dense tensor, dense strides in the same order otherwise.
+c10::DimVector layoutPreservingStrides(const at::Tensor& self) {
+  if (self.is_non_overlapping_and_dense()) return c10::DimVector(self.strides());
+  const std::vector<int64_t> dense = at::infer_dense_strides(self.sizes(), self.strides());
+  return c10::DimVector(dense.begin(), dense.end());
+}
+
 std::optional<c10::DimVector> preservedStrides(const at::Tensor& self, c10::Device target,
                                                std::optional<c10::MemoryFormat> memory_format) {
   if (!target.is_ipu() || self.layout() != c10::kStrided || self.is_quantized() ||
       memory_format.value_or(c10::MemoryFormat::Preserve) != c10::MemoryFormat::Preserve) {
     return std::nullopt;
   }
-  if (self.is_non_overlapping_and_dense()) return c10::DimVector(self.strides());
-  const std::vector<int64_t> dense = at::infer_dense_strides(self.sizes(), self.strides());
-  return c10::DimVector(dense.begin(), dense.end());
+  return layoutPreservingStrides(self);
 }
 
 at::Tensor toCopy(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
@@ -327,16 +331,20 @@ at::Tensor copyFrom(const at::Tensor& self, const at::Tensor& dst, bool) {
 }
 
 // The host fallback's copy of a result into an out= tensor the host kernel
-// resized: the out tensor takes the host result's layout, as it has on the CPU
-// (linalg kernels resize their outputs column-major).
+// resized or restrided: the out tensor takes the host result's layout, as it
+// has on the CPU (linalg kernels resize their outputs column-major; geqrf
+// restrides an empty out= tensor of the right size column-major). The host
+// kernel ran on a copy of `dst` (PyTorch's `.cpu()`, which preserves layouts
+// as layoutPreservingStrides does): strides it left as that copy had them
+// were kept, so `dst` keeps its own (a strided view stays one, as on the CPU).
 at::Tensor copyFromAndResize(const at::Tensor& self, const at::Tensor& dst) {
-  if (!dst.sizes().equals(self.sizes())) {
-    if (at::has_internal_overlap(self) != at::MemOverlap::Yes) {
-      ensureCapacity(dst, self.sizes(), self.strides());
-      dst.unsafeGetTensorImpl()->set_sizes_and_strides(self.sizes(), self.strides());
-    } else {
-      resizeIpu(dst, self.sizes(), std::nullopt);
-    }
+  const bool resized = !dst.sizes().equals(self.sizes());
+  const bool restrided = !resized && !self.strides().equals(layoutPreservingStrides(dst));
+  if ((resized || restrided) && at::has_internal_overlap(self) != at::MemOverlap::Yes) {
+    ensureCapacity(dst, self.sizes(), self.strides());
+    dst.unsafeGetTensorImpl()->set_sizes_and_strides(self.sizes(), self.strides());
+  } else if (resized) {
+    resizeIpu(dst, self.sizes(), std::nullopt);
   }
   return copyFrom(self, dst, false);
 }
