@@ -86,6 +86,9 @@ CASES = {
     "batch_norm affine": lambda d: F.batch_norm(torch.ones(0, 3, 2, device=d), None, None,
                                                 torch.full((3,), 2.0, device=d),
                                                 torch.ones(3, device=d), training=True),
+    # An empty 1-d input has no feature dimension (the OpInfo's sample of shape (0,)).
+    "batch_norm 1-d": lambda d: F.batch_norm(torch.ones(0, device=d), torch.zeros(0, device=d),
+                                             torch.ones(0, device=d), training=True),
     "layer_norm": lambda d: F.layer_norm(e(d), (3,)),
     "group_norm": lambda d: F.group_norm(torch.ones(0, 4, 2, device=d), 2),
     # Indexing, scatter and gather.

@@ -449,20 +449,23 @@ at::Tensor groupNorm(const at::Tensor& input, int64_t num_groups,
 // ipu tensor cannot hold: F.batch_norm of an empty batch raised a TypeError.
 // Nothing reads those statistics (the backward of an empty batch sums its
 // gradients), so the ipu makes them in the input's dtype; the output is the
-// generic kernel's, input * weight[0] + bias[0].
+// generic kernel's, input * weight[0] + bias[0]. An empty 1-d input has no
+// feature dimension: the generic kernel reads a size past its one (the CPU's
+// statistics come out with no elements), so the ipu's have none.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> batchNormImplIndex(
     const at::Tensor& input, const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var, bool training, double momentum, double eps,
     bool cudnn_enabled) {
-  if (input.numel() != 0 || input.dim() < 2) {
+  if (input.numel() != 0) {
     return at::native::_batch_norm_impl_index(input, weight, bias, running_mean, running_var,
                                               training, momentum, eps, cudnn_enabled);
   }
   at::Tensor out = input.clone();
   if (weight && weight->defined()) out = out.mul((*weight)[0]);
   if (bias && bias->defined()) out = out.add((*bias)[0]);
-  const at::Tensor statistics = at::empty({input.size(1)}, input.options());
+  const int64_t features = input.dim() >= 2 ? input.size(1) : 0;
+  const at::Tensor statistics = at::empty({features}, input.options());
   return {out, statistics, statistics.clone(), at::empty({0}, input.options().dtype(at::kByte)), 0};
 }
 
