@@ -234,7 +234,7 @@ void mirrorLayout(const at::Tensor& ipu, const Layout& layout, PendingGraph& pen
 ir::Arg makeArg(const ArgTraits& argument, const c10::IValue& value, ir::Node& node,
                 PendingGraph& pending) {
   auto add_input = [&](const at::Tensor& t) {
-    node.inputs.push_back(pending.refOf(t));
+    node.inputs.emplace_back().assign(t, pending.bufferOf(t));
     return static_cast<int32_t>(node.inputs.size() - 1);
   };
   if (value.isTensor()) {
@@ -271,7 +271,7 @@ c10::IValue freshResult(const ReturnInfo& info, int device, ir::Node& node, Pend
       device::growStorage(*result.storage().unsafeGetStorageImpl(),
                           static_cast<size_t>(layout.storage_nbytes));
     }
-    node.outputs.push_back(pending.refOfResult(result));
+    node.outputs.emplace_back().assign(result, pending.addResult(result));
     return result;
   };
   if (info.tensors.empty() && !info.is_list) return info.other;  // int, float, bool...
@@ -421,13 +421,13 @@ CapturedResults record(const c10::OperatorHandle& op, const OpTraits& traits,
       const Layout& layout = meta.written[i][next++];
       if (!ipu.defined()) return;
       mirrorLayout(ipu, layout, pending);
-      node.writes.push_back(pending.refOf(ipu).buffer);
+      node.writes.push_back(pending.bufferOf(ipu));
     });
   }
   for (size_t i : unannotatedWrites(traits, arguments)) {
     const c10::IValue& value = arguments[i];
     if (value.isTensor() && value.toTensor().defined() && value.toTensor().is_ipu()) {
-      node.writes.push_back(pending.refOf(value.toTensor()).buffer);
+      node.writes.push_back(pending.bufferOf(value.toTensor()));
     }
   }
   node.args.reserve(num_args);

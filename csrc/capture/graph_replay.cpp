@@ -272,18 +272,17 @@ std::optional<std::vector<at::Tensor>> GraphReplay::join(
   for (const FreshStorage& f : variant.fresh) {
     at::Tensor bytes =
         device::emptyIpuTensor({f.nbytes}, {1}, c10::ScalarType::Byte, f.device.index());
-    if (f.buffer >= 0) to[f.buffer] = pending.refOfResult(bytes).buffer;
+    if (f.buffer >= 0) to[f.buffer] = pending.addResult(bytes);
     fresh.push_back(bytes.storage());
   }
   for (size_t b = 0; b < graph.buffers.size(); ++b) {
     if (const int i = variant.input_of_buffer[b]; i >= 0) {
       const at::Tensor& t = inputs[i];
-      to[b] = pending.refOf(t).buffer;
+      to[b] = pending.bufferOf(t);
       start[b] = t.storage_offset() * static_cast<int64_t>(t.itemsize());
     } else if (kept[b]) {
       const auto nbytes = static_cast<int64_t>(kept[b].nbytes());
-      to[b] =
-          pending.refOf(device::ipuView(kept[b], {nbytes}, {1}, 0, c10::ScalarType::Byte)).buffer;
+      to[b] = pending.bufferOf(device::ipuView(kept[b], {nbytes}, {1}, 0, c10::ScalarType::Byte));
     } else if (variant.fresh_of_buffer[b] < 0) {
       ir::BufferInfo temporary = graph.buffers[b];
       temporary.existed_before = temporary.live_after = false;

@@ -96,18 +96,16 @@ ir::BufferId PendingGraph::addBuffer(const at::Tensor& tensor, bool existed_befo
   return id;
 }
 
-ir::TensorRef PendingGraph::refOf(const at::Tensor& tensor) {
+ir::BufferId PendingGraph::bufferOf(const at::Tensor& tensor) {
   const c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
   auto it = ids_.find(storage);
   // A storage with no bytes yet (an uninitialised factory result) holds no
   // value the graph depends on.
-  const ir::BufferId id =
-      it != ids_.end() ? it->second : addBuffer(tensor, device::isMaterialized(*storage));
-  return ir::TensorRef::of(tensor, id);
+  return it != ids_.end() ? it->second : addBuffer(tensor, device::isMaterialized(*storage));
 }
 
-ir::TensorRef PendingGraph::refOfResult(const at::Tensor& tensor) {
-  return ir::TensorRef::of(tensor, addBuffer(tensor, /*existed_before=*/false));
+ir::BufferId PendingGraph::addResult(const at::Tensor& tensor) {
+  return addBuffer(tensor, /*existed_before=*/false);
 }
 
 bool PendingGraph::planMatMul(const at::Tensor& result,

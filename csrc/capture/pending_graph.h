@@ -36,11 +36,11 @@ class PendingGraph {
 
   std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mutex_); }
 
-  // The view `tensor` (an ipu tensor) is of its buffer; registers the buffer
-  // the first time its storage is seen.
-  ir::TensorRef refOf(const at::Tensor& tensor);
+  // The buffer of `tensor` (an ipu tensor); registers it the first time its
+  // storage is seen.
+  ir::BufferId bufferOf(const at::Tensor& tensor);
   // Registers the storage of a tensor that a node of this graph creates.
-  ir::TensorRef refOfResult(const at::Tensor& tensor);
+  ir::BufferId addResult(const at::Tensor& tensor);
   bool references(const c10::StorageImpl* storage) const { return ids_.contains(storage); }
   // Records that a registered storage grew (out= arguments, resize_).
   void noteResize(const c10::StorageImpl* storage);

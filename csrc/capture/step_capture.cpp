@@ -66,7 +66,7 @@ at::Tensor readForHost(const at::Tensor& tensor) {
   at::Tensor value = pending.evaluate({tensor})[0];
   ir::Node node(guardEqualOp());
   node.guard = ir::Guard::kValue;
-  node.inputs.push_back(pending.refOf(tensor));
+  node.inputs.emplace_back().assign(tensor, pending.bufferOf(tensor));
   node.args.push_back(ir::Arg::tensor(0));
   node.args.push_back(ir::Arg::runtime(value));
   pending.append(std::move(node));

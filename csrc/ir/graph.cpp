@@ -28,14 +28,18 @@ bool TensorRef::coversWhole(int64_t nbytes) const {
 
 TensorRef TensorRef::of(const at::Tensor& tensor, BufferId buffer) {
   TensorRef ref;
-  ref.buffer = buffer;
-  ref.dtype = tensor.scalar_type();
-  ref.offset = tensor.storage_offset();
-  ref.sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
-  ref.strides.assign(tensor.strides().begin(), tensor.strides().end());
-  ref.conj = tensor.is_conj();
-  ref.neg = tensor.is_neg();
+  ref.assign(tensor, buffer);
   return ref;
+}
+
+void TensorRef::assign(const at::Tensor& tensor, BufferId id) {
+  buffer = id;
+  dtype = tensor.scalar_type();
+  offset = tensor.storage_offset();
+  sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
+  strides.assign(tensor.strides().begin(), tensor.strides().end());
+  conj = tensor.is_conj();
+  neg = tensor.is_neg();
 }
 
 std::string Node::name() const {

@@ -38,6 +38,9 @@ struct TensorRef {
   bool coversWhole(int64_t nbytes) const;
   // The view `tensor` takes of `buffer`.
   static TensorRef of(const at::Tensor& tensor, BufferId buffer);
+  // Becomes of(tensor, buffer) where it is (a node's lists keep their views
+  // inline: capture fills them in place rather than moving one in).
+  void assign(const at::Tensor& tensor, BufferId buffer);
 };
 
 enum class ArgKind : uint8_t {
