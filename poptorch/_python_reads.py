@@ -89,7 +89,8 @@ class PythonReads:
         self._cells: List[Any] = []  # closure cells
         self._cell_values: List[Any] = []
         self._cell_labels: List[Tuple[str, str]] = []
-        self._guarded: Set[Tuple[int, str]] = set()  # (id of the dict, key) of each value
+        # (id of the dict, key) of each value; (id of the owner, name) of each getter's
+        self._guarded: Set[Tuple[int, str]] = set()
         # values read through a getter: class attributes, TorchScript modules' attributes
         self._getters: List[Callable[[], Any]] = []
         self._getter_values: List[Any] = []
@@ -113,8 +114,7 @@ class PythonReads:
                                                      self._values):
             now = holder.get(key, _MISSING)
             if not _equal(now, kept):
-                now_text = "deleted" if now is _MISSING else _short(now)
-                out.append((f"{label} changed from {_short(kept)} to {now_text}", site))
+                out.append((_changed(label, kept, now), site))
         for (label, site), live, kept in zip(self._object_labels, self._objects,
                                              self._object_values):
             for key in sorted(live.keys() | kept.keys()):
@@ -122,14 +122,12 @@ class PythonReads:
                     out.append((f"{label}, its attribute {key!r}, changed", site))
         for (label, site), cell, kept in zip(self._cell_labels, self._cells, self._cell_values):
             if not _equal(_cell(cell), kept):
-                out.append((f"{label} changed from {_short(kept)} to {_short(_cell(cell))}",
-                            site))
+                out.append((_changed(label, kept, _cell(cell)), site))
         for (label, site), read, kept in zip(self._getter_labels, self._getters,
                                              self._getter_values):
             now = _read(read)
             if not _equal(now, kept):
-                now_text = "deleted" if now is _MISSING else _short(now)
-                out.append((f"{label} changed from {_short(kept)} to {now_text}", site))
+                out.append((_changed(label, kept, now), site))
         return out
 
     def add(self, label: str, site: str, holder: Dict[str, Any], key: str) -> None:
@@ -162,8 +160,13 @@ class PythonReads:
             self._cell_values.append(_kept(_cell(cell)))
             self._cell_labels.append((label, site))
 
-
-    def add_getter(self, label: str, site: str, getter: Callable[[], Any]) -> None:
+    def add_getter(self, label: str, site: str, getter: Callable[[], Any],
+                   key: Tuple[int, str]) -> None:
+        """A value ``getter`` reads (``key``: the id of its owner and its name): a
+        capture records forward's reads, and backward's again (checkpointing)."""
+        if key in self._guarded:
+            return
+        self._guarded.add(key)
         self._getters.append(getter)
         self._getter_values.append(_kept(getter()))
         self._getter_labels.append((label, site))
@@ -177,7 +180,8 @@ class PythonReads:
             if name not in _MODULE_STATE and name != "_is_full_backward_hook" and _plain(
                     attributes.getattr(name)):
                 self.add_getter(f"the TorchScript attribute {name!r} of {where}", "",
-                                functools.partial(attributes.getattr, name))
+                                functools.partial(attributes.getattr, name),
+                                (id(attributes), name))
 
 
 def stateless(module: Any) -> bool:
@@ -185,6 +189,11 @@ def stateless(module: Any) -> bool:
     take it being replaced by another such module (``self.act = nn.GELU()``)."""
     return (isinstance(module, torch.nn.Module) and next(module.parameters(), None) is None
             and next(module.buffers(), None) is None)
+
+
+def _changed(label: str, kept: Any, now: Any) -> str:
+    now_text = "deleted" if now is _MISSING else _short(now)
+    return f"{label} changed from {_short(kept)} to {now_text}"
 
 
 def _read(getter: Callable[[], Any]) -> Any:
@@ -341,7 +350,8 @@ def recording(model: torch.nn.Module, reads: PythonReads) -> Iterator[None]:
         label = (f"the model's attribute {(prefix + '.' if prefix else '') + name!r} "
                  f"(of its class {type(module).__name__})")
         reads.add(label, site, vars(module), name)  # an instance attribute set later
-        reads.add_getter(label, site, functools.partial(getattr, type(module), name))
+        reads.add_getter(label, site, functools.partial(getattr, type(module), name),
+                         (id(type(module)), name))
     for module in model.modules():
         prefix = names.get(id(module), "")
         for child_name, child in module._modules.items():  # pylint: disable=protected-access
