@@ -352,8 +352,11 @@ def _open_in_browser(page, tmp_path):
     probed = tmp_path / "probed.html"
     probed.write_text(page.read_text(encoding="utf-8").replace("</body>", _PROBE + "</body>"),
                       encoding="utf-8")
+    # The virtual time budget makes Chromium run the page's scripts and paint
+    # before it dumps or shoots: on a loaded machine the screenshot was taken
+    # of a page not yet drawn (all white).
     flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-             f"--user-data-dir={tmp_path / 'chromium'}"]
+             "--virtual-time-budget=30000", f"--user-data-dir={tmp_path / 'chromium'}"]
     dom = subprocess.run(flags + ["--dump-dom", probed.as_uri()], capture_output=True,
                          text=True, timeout=120)
     match = re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout, re.S)
