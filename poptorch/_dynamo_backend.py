@@ -243,6 +243,32 @@ def _skip_capture_callbacks(eval_frame: ModuleType) -> None:
     _dynamo_disable.skip_in_dynamo(eval_frame)
 
 
+def _run_poptorch_models_as_they_are(eval_frame: ModuleType) -> None:
+    # A trainingModel/inferenceModel compiles and runs its whole step itself.
+    # Traced by dynamo (torch.compile of the wrapper, or a compiled function
+    # calling it) its Python became a dozen graph breaks and ~45 s of tracing
+    # before the first call, and recompiles after. Instead a traced call of its
+    # methods is a graph break (as at a torch.compiler.disable'd function) and
+    # their frames, and all they call, run without dynamo.
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    from ._executor import LOCKED_CODE, PoplarExecutor
+
+    eval_frame.set_code_exec_strategy(LOCKED_CODE,
+                                      FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    for method in vars(PoplarExecutor).values():
+        if getattr(method, "__code__", None) is LOCKED_CODE:
+            method._torchdynamo_disable = True
+            method._torchdynamo_disable_msg = (
+                "a poptorch model (trainingModel/inferenceModel) compiles and runs its whole "
+                "step itself")
+
+
+def _frames_dynamo_skips(eval_frame: ModuleType) -> None:
+    _skip_capture_callbacks(eval_frame)
+    _run_poptorch_models_as_they_are(eval_frame)
+
+
 def _refuse_in_inductor(codegen: ModuleType) -> None:
     # Inductor's way for a device to take part (a scheduling, wrapper codegen
     # and a pass over graphs on the device); the pass runs before any code is
@@ -314,5 +340,5 @@ def install() -> None:
     current one, as other devices'."""
     _when_imported("torch._dynamo.backends.registry", _register_backend)
     _when_imported("torch._subclasses.fake_tensor", _index_fake_ipu_devices)
-    _when_imported("torch._dynamo.eval_frame", _skip_capture_callbacks)
+    _when_imported("torch._dynamo.eval_frame", _frames_dynamo_skips)
     _when_imported("torch._inductor.codegen.common", _refuse_in_inductor)

@@ -75,6 +75,11 @@ def _locked(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+# The code of every locked method: what dynamo is told to run as it is
+# (poptorch._dynamo_backend), as these methods compile and run a whole step.
+LOCKED_CODE = _locked(lambda self: None).__code__
+
+
 class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
     """The wrapped model. Do not create it directly: use
     :func:`trainingModel` or :func:`inferenceModel`."""

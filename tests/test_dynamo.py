@@ -412,3 +412,52 @@ def test_a_compiled_module_inside_a_wrapped_model_joins_its_step():
     train_beside_the_cpu(_CompiledInside(),
                          [(torch.randn(4, 8), torch.randint(0, 3, (4,))) for _ in range(3)],
                          loss_of=lambda out: out[1])
+
+
+def test_a_compiled_poptorch_model_runs_its_own_step():
+    # dynamo traced the wrapper's Python: a dozen graph breaks, ~45 s before the
+    # first call and a recompile at the second.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    compiled = torch.compile(poptorch.inferenceModel(copy.deepcopy(model)), backend="ipu")
+    before = poptorch.metrics()
+    for _ in range(3):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(compiled(x), model(x).detach())
+    after = poptorch.metrics()
+    assert after["dynamo_graphs"] == before["dynamo_graphs"]
+    assert after["graphs_compiled"] - before["graphs_compiled"] == 1
+
+
+def test_a_compiled_function_calling_a_training_model_trains_as_the_cpu():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    reference = copy.deepcopy(model)
+    wrapped = poptorch.trainingModel(_WithLoss(model), None,
+                                     torch.optim.SGD(model.parameters(), lr=0.1))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+
+    @torch.compile(backend="ipu")
+    def step(x, y):
+        _, loss = wrapped(x * 2, y)
+        return loss + 1
+
+    for _ in range(3):
+        x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+        got = step(x, y)
+        optimizer.zero_grad()
+        want = nn.functional.cross_entropy(reference(x * 2), y)
+        want.backward()
+        optimizer.step()
+        torch.testing.assert_close(got, want.detach() + 1)
+    torch.testing.assert_close(model.weight.detach(), reference.weight.detach())
+
+
+class _WithLoss(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(x)
+        return out, nn.functional.cross_entropy(out, y)
