@@ -107,6 +107,10 @@ class PoplarExecutor(WrapperState, ExecutorProfiling, ExecutorInputs):
                    if self._options._execution_strategy.pipelined else "")  # pylint: disable=protected-access
                 + " (Use another Options object for the inference model.)")
         if training and optimizer is None:
+            if next(model.parameters(), None) is None:
+                raise Error(f"trainingModel: the model ({type(model).__name__}) has no "
+                            "parameters, so there is nothing to train: run it with "
+                            "poptorch.inferenceModel instead")
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         self._optimizer = optimizer
         self._state: Optional[DeviceState] = None

@@ -246,6 +246,14 @@ def test_wrapper_arguments_of_the_wrong_kind_are_named_at_the_wrap(wrap, message
     assert error.value.location.startswith(__file__)
 
 
+def test_a_training_model_of_a_model_without_parameters_says_to_use_inference():
+    # Was torch's "optimizer got an empty parameter list" from the default SGD.
+    with pytest.raises(poptorch.Error, match=r"trainingModel: the model \(ReLU\) has no "
+                       r"parameters.*poptorch.inferenceModel") as error:
+        poptorch.trainingModel(torch.nn.ReLU())
+    assert error.value.location.startswith(__file__)
+
+
 # Grad modes around a wrapped model --------------------------------------------
 
 class _Classifier(torch.nn.Module):
