@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -98,6 +99,10 @@ def read(filename: str) -> Dict[str, Any]:
                 f"damaged (truncated, or changed since it was written)")
     try:
         outer = torch.load(filename, weights_only=True)
+    except pickle.UnpicklingError:
+        # torch's text here advises weights_only=False, which is no remedy for a
+        # file that is not ours.
+        raise Error(f"{not_ours}: it holds no data torch.save wrote") from None
     except Exception as error:  # noqa: BLE001 - torch raises many kinds for a bad file
         raise Error(f"{not_ours}: {error}") from None
     header = outer.get("header") if isinstance(outer, dict) else None

@@ -2,6 +2,7 @@
 loaded by poptorch.load/loadExecutable in another, which compiles nothing and
 gets the same results; training goes on from the saved weights and optimiser
 state. Files of another version, truncated or random files are errors."""
+import collections
 import copy
 import json
 import textwrap
@@ -245,6 +246,15 @@ def test_a_random_file_is_an_error(tmp_path):
         poptorch.load(path)
     with pytest.raises(poptorch.Error, match="no such file"):
         poptorch.load(tmp_path / "missing.poptorch")
+
+
+def test_a_pickle_of_another_object_is_an_error_that_does_not_advise_unsafe_loading(tmp_path):
+    # torch.load's own text said to load it with weights_only=False.
+    path = tmp_path / "other.poptorch"
+    torch.save(collections.Counter(a=1), path)
+    with pytest.raises(poptorch.Error, match="not a file written by compileAndExport") as error:
+        poptorch.load(path)
+    assert "weights_only" not in str(error.value)
 
 
 def test_a_truncated_file_is_an_error(exported):
