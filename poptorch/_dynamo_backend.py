@@ -227,46 +227,34 @@ def _register_backend(registry: ModuleType) -> None:
     registry.register_backend(compiler_fn=ipu, name="ipu")
 
 
-def _skip_capture_callbacks(eval_frame: ModuleType) -> None:
-    # Lazy capture asks Python (poptorch._fake_cpu) for the results of some ops.
-    # Between compiled graphs (a graph break, loss.backward()) dynamo's frame
-    # hook is still on, so it traced those functions as user code: seconds of
-    # tracing, graph breaks at FakeTensor and guards at every later call. They
-    # and what they call are poptorch's and torch's, never the user's.
+def _frames_dynamo_skips(eval_frame: ModuleType) -> None:
+    # Frames dynamo runs as they are, with all they call:
+    # * Lazy capture asks Python (poptorch._fake_cpu) for the results of some
+    #   ops. Between compiled graphs (a graph break, loss.backward()) dynamo's
+    #   frame hook is still on, so it traced those functions as user code:
+    #   seconds of tracing, graph breaks at FakeTensor and guards at every later
+    #   call. They and what they call are poptorch's and torch's, never the user's.
+    # * A trainingModel/inferenceModel compiles and runs its whole step itself.
+    #   Traced by dynamo (torch.compile of the wrapper, or a compiled function
+    #   calling it) its Python became a dozen graph breaks and ~45 s of tracing
+    #   before the first call, and recompiles after. A traced call of its
+    #   methods is instead a graph break, as at a torch.compiler.disable'd
+    #   function.
     from torch._dynamo.types import FrameAction, FrameExecStrategy
 
     from . import _dynamo_disable, _fake_cpu
-
-    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
-    for function in (_fake_cpu.fake, _fake_cpu.run):
-        eval_frame.set_code_exec_strategy(function.__code__, skip)
-    _dynamo_disable.skip_in_dynamo(eval_frame)
-
-
-def _run_poptorch_models_as_they_are(eval_frame: ModuleType) -> None:
-    # A trainingModel/inferenceModel compiles and runs its whole step itself.
-    # Traced by dynamo (torch.compile of the wrapper, or a compiled function
-    # calling it) its Python became a dozen graph breaks and ~45 s of tracing
-    # before the first call, and recompiles after. Instead a traced call of its
-    # methods is a graph break (as at a torch.compiler.disable'd function) and
-    # their frames, and all they call, run without dynamo.
-    from torch._dynamo.types import FrameAction, FrameExecStrategy
-
     from ._executor import LOCKED_CODE, PoplarExecutor
 
-    eval_frame.set_code_exec_strategy(LOCKED_CODE,
-                                      FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
+    for code in (_fake_cpu.fake.__code__, _fake_cpu.run.__code__, LOCKED_CODE):
+        eval_frame.set_code_exec_strategy(code, skip)
     for method in vars(PoplarExecutor).values():
         if getattr(method, "__code__", None) is LOCKED_CODE:
             method._torchdynamo_disable = True
             method._torchdynamo_disable_msg = (
                 "a poptorch model (trainingModel/inferenceModel) compiles and runs its whole "
                 "step itself")
-
-
-def _frames_dynamo_skips(eval_frame: ModuleType) -> None:
-    _skip_capture_callbacks(eval_frame)
-    _run_poptorch_models_as_they_are(eval_frame)
+    _dynamo_disable.skip_in_dynamo(eval_frame)
 
 
 def _refuse_in_inductor(codegen: ModuleType) -> None:
