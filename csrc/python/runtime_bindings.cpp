@@ -1,6 +1,7 @@
 // poptorch._C's runtime: the programs of wrapped models and their steps (the
 // variants captured for values read on the host, the update, replicas), the
-// host aliases of device tensors and the memory the runtime keeps.
+// host aliases of device tensors (and those lent to a collective's threads)
+// and the memory the runtime keeps.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -8,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -95,6 +97,52 @@ runtime::UpdateVariants makeUpdateVariants(std::shared_ptr<runtime::Program> fir
       choose_every_time);
 }
 
+// Host tensors lent to gloo's worker threads for a collective. A worker drops
+// its references after the collective completes, possibly after the caller has
+// moved on; if its drop left only the tensor's Python object, PyTorch would
+// take the GIL on that thread to release it, and a thread that takes the GIL
+// while the interpreter finalises is ended by unwinding through noexcept code:
+// the process aborts at exit ("terminate called without an active
+// exception"). Holding one more reference until only it and the Python object
+// remain makes the last releases happen here, with the GIL held; what is still
+// lent at exit is never released.
+class LentTensors {
+ public:
+  static LentTensors& get() {
+    static LentTensors& lent = *new LentTensors();  // never destroyed: see above
+    return lent;
+  }
+
+  // Drops what was lent before and is back (the GIL held), then keeps `tensors`.
+  void lend(const std::vector<at::Tensor>& tensors) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<at::Tensor> still_lent;
+    for (at::Tensor& tensor : lent_) {
+      if (!isBack(tensor)) still_lent.push_back(std::move(tensor));
+    }
+    lent_ = std::move(still_lent);
+    lent_.insert(lent_.end(), tensors.begin(), tensors.end());
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return lent_.size();
+  }
+
+ private:
+  LentTensors() = default;
+
+  // Only this reference and the one of the tensor's Python object, if any.
+  static bool isBack(const at::Tensor& tensor) {
+    const bool has_python_object =
+        tensor.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj() != nullptr;
+    return tensor.use_count() <= (has_python_object ? 2u : 1u);
+  }
+
+  std::mutex mutex_;  // collectives may be called from several threads
+  std::vector<at::Tensor> lent_;
+};
+
 py::list nodePlacements(const runtime::Program& program) {
   py::list out;
   for (const ir::Node& node : program.compiledGraph().nodes) {
@@ -180,6 +228,15 @@ void bindRuntime(py::module& m) {
            "Every replica takes the buffers' current values.");
   m.def("host_alias", &runtime::hostAlias,
         "A cpu tensor over the bytes of a materialised ipu tensor.");
+  m.def(
+      "lend_to_collective",
+      [](const std::vector<at::Tensor>& tensors) { LentTensors::get().lend(tensors); },
+      py::arg("tensors"),
+      "Keeps host tensors handed to a collective's threads until they let them go (so that "
+      "their last release takes the GIL here, never on those threads at interpreter exit).");
+  m.def(
+      "lent_to_collectives", [] { return LentTensors::get().size(); },
+      "How many tensors lent to collectives are kept (those not yet seen back).");
   m.def("unaliased", &unaliased, py::arg("hosts"), py::arg("devices"),
         "Indices of the host tensors that no longer view their device copies' bytes.");
   m.def(

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import datetime
 import functools
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroupGloo, Work
+from torch._C._distributed_c10d import ProcessGroupGloo
 
 from .. import _C
 from .._errors import Error
@@ -45,32 +45,6 @@ def _map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_map_tensors(v, fn) for v in value)
     return value
-
-# The host views handed to the backend, with their collective's Work, until it has
-# succeeded; a failed one's for good. gloo's worker thread holds them until it
-# releases the Work, which after an error may be after the error reached the
-# caller: had their Python objects died, the worker would take the GIL to free
-# them, which during interpreter finalisation (a process exiting on that
-# error) aborts it ("terminate called without an active exception").
-_IN_FLIGHT: List[Tuple[Work, List[torch.Tensor]]] = []
-
-
-def _succeeded(work: Work) -> bool:
-    future = work.get_future()
-    if not future.done():
-        return False
-    try:
-        future.value()
-    except Exception:  # pylint: disable=broad-except
-        return False
-    return True
-
-
-def _keep_while_in_flight(work: Any, hosts: List[torch.Tensor]) -> None:
-    _IN_FLIGHT[:] = [(w, h) for w, h in _IN_FLIGHT if not _succeeded(w)]
-    if isinstance(work, Work) and hosts:
-        _IN_FLIGHT.append((work, hosts))
-
 
 def _host_collective(name: str, *args: Any) -> Any:
     """The ipu kernel of ``c10d::<name>``: the collective on host views of the
@@ -100,11 +74,11 @@ def _host_collective(name: str, *args: Any) -> Any:
         hosts.append(host)
         return host
 
-    result = getattr(torch.ops.c10d, name).default(*(_map_tensors(a, host_view) for a in args))
+    host_args = [_map_tensors(a, host_view) for a in args]
+    _C.lend_to_collective(hosts)  # gloo's threads may hold them past the collective
+    result = getattr(torch.ops.c10d, name).default(*host_args)
     if isinstance(result, tuple):  # (outputs, work): the outputs are the ipu tensors
-        _keep_while_in_flight(result[1], hosts)
         return _map_tensors(result[0], lambda t: device_of.get(id(t), t)), result[1]
-    _keep_while_in_flight(result, hosts)
     return result
 
 def _create_backend(store: Any, rank: int, size: int,

@@ -64,10 +64,10 @@ class ProcessReplicas:
         """Per element of ``flags`` (host bools, the same length in every
         process): whether it is set in some process."""
         counts = flags.to(torch.int32)
+        _C.lend_to_collective([counts])  # gloo's threads may hold it past the collective
         try:
             dist.all_reduce(counts, op=dist.ReduceOp.MAX)
         except RuntimeError as error:
-            _keep_until_exit(counts)
             raise self._failed("agreeing on the parameters to update", error) from error
         return counts > 0
 
@@ -82,10 +82,10 @@ class ProcessReplicas:
             by_dtype.setdefault(view.dtype, []).append(view)
         for group in by_dtype.values():
             flat = _flatten_dense_tensors(group)
+            _C.lend_to_collective([flat])  # gloo's threads may hold it past the collective
             try:
                 collective(flat)
             except RuntimeError as error:
-                _keep_until_exit(flat)
                 raise self._failed(what, error) from error
             for view, value in zip(group, _unflatten_dense_tensors(flat, group)):
                 view.copy_(value)
@@ -96,20 +96,6 @@ class ProcessReplicas:
             "Another process has probably stopped (look at its error) or did not reach "
             "the same step within the timeout (Options.Distributed.setTimeout, "
             f"{self._timeout:g} s when poptorch creates the process group)")
-
-
-# The tensors of collectives that failed. gloo's worker thread still holds a
-# failed collective's tensors for a moment after the error reaches the caller;
-# if their Python objects die first, the tensors take them over, and the worker
-# must take the GIL to release them: in a process exiting on that error, during
-# interpreter finalisation, where taking the GIL ends the thread and aborts the
-# process ("terminate called without an active exception"). Kept here, the
-# worker releases only its C++ references.
-_FAILED_COLLECTIVES: List[torch.Tensor] = []
-
-
-def _keep_until_exit(tensor: torch.Tensor) -> None:
-    _FAILED_COLLECTIVES.append(tensor)
 
 
 def _join(process_id: int, num_processes: int, timeout: float) -> None:

@@ -1,5 +1,5 @@
 """DistributedDataParallel on an ipu model: each rank trains on its half of
-each batch; rank 0 saves the weights and losses."""
+each batch; each rank saves its weights and losses."""
 import sys
 
 import torch
@@ -27,8 +27,5 @@ for _ in range(steps):
     optimizer.step()
     losses.append(loss.item())
 weights = {k: v.cpu() for k, v in model.state_dict().items()}
-gathered = [None] * size
-dist.all_gather_object(gathered, (weights, losses))
-if rank == 0:
-    torch.save(gathered, out_path)
+torch.save((weights, losses), f"{out_path}.{rank}")  # each its own file: launch.per_process
 dist.destroy_process_group()

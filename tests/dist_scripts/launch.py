@@ -7,7 +7,9 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent
@@ -47,6 +49,16 @@ def torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 180,
         except ProcessLookupError:
             pass
     return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def per_process(path: Path, nproc: int, **load_args: Any) -> List[Any]:
+    """What each process of a script saved to ``{path}.{rank}``. The scripts
+    save their results each to its own file rather than gathering them with
+    ``all_gather_object`` at the end: gloo's worker thread may let go of that
+    collective's tensors while the interpreter finalises, and taking the GIL
+    to free them then aborts the process (PyTorch's own hazard, seen in these
+    tests; poptorch's collectives on ipu tensors are kept from it)."""
+    return [torch.load(f"{path}.{rank}", **load_args) for rank in range(nproc)]
 
 
 def processes(script: str, *args: str, nproc: int = 2, timeout: float = 180,
