@@ -684,3 +684,43 @@ def test_a_failed_compilation_of_an_inference_mode_region_leaves_the_mode_off():
         print("inference mode left:", torch.is_inference_mode_enabled())
     """))
     assert "inference mode left: False" in result.stdout, result.stdout + result.stderr
+
+
+def _a_tensor_and_its_view(t0):
+    t4 = t0 * 2
+    return t4.narrow(0, 0, 1), t4
+
+
+def _clamp_a_view_of_one(t5, t4, k):
+    t6 = t4.unfold(1, 1, 1)
+    t6.clamp_(min=0.0)
+    return t6, t5 * k
+
+
+def test_compiled_outputs_that_view_another_come_back_as_views_of_it():
+    # The wrapped fuzzer (torch.compile, batch seed 3001): a graph's outputs that viewed
+    # another came back as tensors of their own on its storage. The next graph took both and
+    # wrote one in place; AOTAutograd, finding no common `_base`, made a synthetic base it
+    # could not replay the views on: an IndexError where the CPU ran.
+    results = []
+    for dev, backend in (("cpu", None), ("ipu", "ipu")):
+        make, use = ((torch.compile(f, backend=backend) if backend else f)
+                     for f in (_a_tensor_and_its_view, _clamp_a_view_of_one))
+        t5, t4 = make(torch.tensor([[[-1.0, 2.0]], [[3.0, -4.0]]], device=dev))
+        assert t5._base is t4
+        results.append((*use(t5, t4, torch.tensor(3.0, device=dev)), t5, t4))
+    assert_same(results[0], results[1], rtol=0, atol=0)
+
+
+def _views_of_tensors_not_returned(t):
+    doubled = t * 2
+    return doubled[0], doubled[1], (t * 3)[0]
+
+
+def test_compiled_outputs_viewing_a_tensor_not_returned_share_its_base():
+    views = torch.compile(_views_of_tensors_not_returned, backend="ipu")
+    for _ in range(2):  # the capture, then a replay
+        first, second, other = views(torch.ones(2, 3, device="ipu"))
+        assert first._base is second._base and first._base.shape == (2, 3)
+        assert other._base is not first._base and other._base.shape == (2, 3)
+        assert_same(_views_of_tensors_not_returned(torch.ones(2, 3)), (first, second, other))

@@ -131,6 +131,7 @@ void GraphReplay::add(const runtime::Program& program, const std::vector<at::Ten
     }
     variant->outputs.push_back(std::move(output));
   }
+  noteViews(*variant, outputs);
   const ir::Graph& graph = program.graph();
   variant->input_of_buffer.assign(graph.buffers.size(), -1);
   variant->fresh_of_buffer.assign(graph.buffers.size(), -1);
@@ -156,6 +157,57 @@ void GraphReplay::add(const runtime::Program& program, const std::vector<at::Ten
   variant->program = program.rebound(std::move(storages));
   std::lock_guard<std::mutex> lock(mutex_);
   variants_.insert(variants_.begin(), std::move(variant));  // the newest is the likeliest
+}
+
+void GraphReplay::noteViews(Variant& variant, const std::vector<at::Tensor>& outputs) {
+  // Outputs the graph returns as views of one tensor alias each other. Left as
+  // tensors of their own on its storage, a later compiled graph taking two of
+  // them finds no common `_base`, and AOTAutograd's synthetic base for them
+  // cannot replay every view (an IndexError on the ipu where the CPU ran).
+  std::vector<const c10::TensorImpl*> hidden;  // the hidden bases as captured
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor& t = outputs[i];
+    Output& output = variant.outputs[i];
+    if (!t.is_view() || output.input >= 0) continue;  // AOTAutograd remakes views of inputs
+    const at::Tensor base(t._base());
+    if (base.scalar_type() != t.scalar_type()) continue;  // as_strided keeps the dtype
+    for (size_t j = 0; j < outputs.size() && output.base_output < 0; ++j) {
+      if (outputs[j].unsafeGetTensorImpl() == base.unsafeGetTensorImpl()) {
+        output.base_output = static_cast<int>(j);
+      }
+    }
+    if (output.base_output < 0) {
+      auto it = std::find(hidden.begin(), hidden.end(), base.unsafeGetTensorImpl());
+      if (it == hidden.end()) {
+        hidden.push_back(base.unsafeGetTensorImpl());
+        variant.hidden_bases.push_back({ir::TensorRef::of(base, -1), static_cast<int>(i)});
+        it = hidden.end() - 1;
+      }
+      output.hidden_base = static_cast<int>(it - hidden.begin());
+    }
+    variant.returns_views = true;
+  }
+}
+
+std::vector<at::Tensor> GraphReplay::withViews(const Variant& variant,
+                                               std::vector<at::Tensor> outputs) {
+  if (!variant.returns_views) return outputs;
+  std::vector<at::Tensor> hidden;
+  hidden.reserve(variant.hidden_bases.size());
+  for (const HiddenBase& h : variant.hidden_bases) {
+    const ir::TensorRef& v = h.view;
+    hidden.push_back(device::ipuView(outputs[h.first_view].storage(), v.sizes, v.strides,
+                                     v.offset, v.dtype));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Output& output = variant.outputs[i];
+    if (output.base_output < 0 && output.hidden_base < 0) continue;
+    const at::Tensor& base =
+        output.base_output >= 0 ? outputs[output.base_output] : hidden[output.hidden_base];
+    at::Tensor& t = outputs[i];
+    t = base.as_strided(t.sizes(), t.strides(), t.storage_offset());
+  }
+  return outputs;
 }
 
 bool GraphReplay::matches(const Variant& variant, const std::vector<at::Tensor>& inputs) const {
@@ -188,14 +240,14 @@ std::optional<std::vector<at::Tensor>> GraphReplay::run(
   for (const auto& variant : variants) {
     if (!matches(*variant, inputs)) continue;
     if (variant->joinable) {
-      if (auto outputs = join(*variant, inputs)) return outputs;
+      if (auto outputs = join(*variant, inputs)) return withViews(*variant, std::move(*outputs));
     }
     if (!pending_ran) {
       runPending();
       pending_ran = true;
     }
     try {
-      return runVariant(*variant, inputs);
+      return withViews(*variant, runVariant(*variant, inputs));
     } catch (const runtime::GuardFailure&) {
       // This variant is specialised on other values: another may hold.
     }

@@ -70,12 +70,25 @@ class GraphReplay {
     int input = -1;      // the input it is a view of, if any
     int fresh = -1;      // else the fresh storage it is a view of, if any
     c10::Storage kept;   // else a storage the program keeps (a constant)
+    // A view, in the captured graph, of another output or of a tensor the
+    // graph made and did not return (the hidden base): returned as a view of
+    // it, as eager would.
+    int base_output = -1;
+    int hidden_base = -1;
+  };
+  // A tensor the graph made and did not return, whose views it returns: on
+  // the storage of its first view among the outputs.
+  struct HiddenBase {
+    ir::TensorRef view;  // sizes, strides and offset in that storage
+    int first_view = -1;
   };
   struct Variant {
     std::unique_ptr<runtime::Program> program;  // with inputs and fresh storages unbound
     std::vector<Input> inputs;
     std::vector<FreshStorage> fresh;
     std::vector<Output> outputs;
+    std::vector<HiddenBase> hidden_bases;
+    bool returns_views = false;  // some output has a base_output or hidden_base
     bool random = false;    // random ops draw new values on every call
     bool joinable = false;  // no guards: its nodes may join the pending graph
     // Per buffer of the captured graph: the input or fresh storage bound to
@@ -84,6 +97,7 @@ class GraphReplay {
     std::vector<int> fresh_of_buffer;
   };
 
+  static void noteViews(Variant& variant, const std::vector<at::Tensor>& outputs);
   bool matches(const Variant& variant, const std::vector<at::Tensor>& inputs) const;
   std::vector<at::Tensor> runVariant(const Variant& variant,
                                      const std::vector<at::Tensor>& inputs) const;
@@ -92,6 +106,10 @@ class GraphReplay {
                                               const std::vector<at::Tensor>& inputs) const;
   std::vector<at::Tensor> outputsOf(const Variant& variant, const std::vector<at::Tensor>& inputs,
                                     const std::vector<c10::Storage>& fresh) const;
+  // The outputs that are views in the captured graph made views again (through
+  // the dispatcher: no lock may be held).
+  static std::vector<at::Tensor> withViews(const Variant& variant,
+                                           std::vector<at::Tensor> outputs);
 
   const bool joins_step_;
   // 1 + the pending graph's generation when a replay last joined it: a
