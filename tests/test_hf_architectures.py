@@ -90,8 +90,15 @@ ARCHITECTURES: Dict[str, Tuple[Any, Any, Dict[str, Any], Callable[[int], Batch]]
 }
 
 
-def close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4, msg=what)
+# Weights and buffers after training whose CPU values disagree with themselves beyond
+# close()'s tolerance: one batch norm's running mean in MobileViT (its input is ~1e-4 at
+# initialisation, so rounding grows by step 3 to 1.5e-4 between the CPU's own runs on 1 and
+# 2 threads).
+TRAINED_STATE_ATOL = {"mobilevit": 5e-4}
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, what: str, atol: float = 1e-4) -> None:
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=atol, msg=what)
 
 
 def cpu_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -128,7 +135,7 @@ def test_lazy_training_training_model_and_inference_model_match_the_cpu(name):
     training.copyWeightsToHost()
     for (key, value), expected in zip(model.state_dict().items(),
                                       reference.state_dict().values()):
-        close(value, expected, key)
+        close(value, expected, key, TRAINED_STATE_ATOL.get(name, 1e-4))
 
     model = copy.deepcopy(original).eval()
     inference = poptorch.inferenceModel(model)
