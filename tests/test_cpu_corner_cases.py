@@ -297,6 +297,23 @@ def test_ldexp_of_integer_exponents_is_the_cpus(dtype, variant):
     assert_same(results["cpu"], results["ipu"], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("exponent_dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("mantissa_dtype", [torch.bool, torch.uint8, torch.int32, torch.int64])
+@pytest.mark.parametrize("mantissa_shape", [(4,), ()])
+def test_ldexp_of_an_integer_tensor_by_a_0_dim_exponent_has_the_cpus_dtype(
+        mantissa_dtype, exponent_dtype, mantissa_shape):
+    """The CPU raises the Python scalar 2.0 to a 0-dim exponent, which keeps a float16 or
+    bfloat16 exponent's dtype: ldexp(int32 tensor, 0-dim float16) is float16. Its Meta kernel
+    (a Python decomposition) raises a float32 2, and the ipu's result was float32."""
+    results = {}
+    for device in ("cpu", "ipu"):
+        mantissas = torch.tensor([1, 0, 3, 1], device=device).to(mantissa_dtype)
+        mantissas = mantissas.reshape(mantissa_shape) if mantissa_shape else mantissas[0]
+        exponent = torch.tensor(1.5, dtype=exponent_dtype, device=device)
+        results[device] = torch.ldexp(mantissas, exponent)
+    assert_same(results["cpu"], results["ipu"], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "op",
     [

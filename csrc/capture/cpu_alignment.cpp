@@ -5,6 +5,8 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/ConvUtils.h>
+#include <ATen/native/TypeProperties.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/TensorImpl.h>
@@ -174,6 +176,32 @@ void correctConvolution(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue
   if (backward) toFormat(result.returns[1].tensors[0], format);
 }
 
+// ldexp's Meta kernel is its Python decomposition, which raises a float32 2
+// for an integral or bool input, where the CPU kernel raises the Python scalar
+// 2.0, whose power takes a floating exponent's dtype: an int32 tensor times
+// 2 ** a 0-dim float16 tensor is float16 on the CPU, float32 on Meta. The
+// dtype of the CPU kernel's result (BinaryOps.cpp: ldexp and its _pow2).
+at::ScalarType ldexpDtype(const at::Tensor& self, const at::Tensor& other) {
+  const at::ScalarType self_type = self.scalar_type();
+  if (c10::isIntegralType(other.scalar_type(), /*includeBool=*/true) &&
+      c10::isFloatingType(self_type)) {
+    return self_type;  // std::ldexp into a tensor like self
+  }
+  auto meta = [](c10::IntArrayRef sizes, at::ScalarType type) {
+    return at::empty(sizes, at::TensorOptions().dtype(type).device(c10::kMeta));
+  };
+  at::native::ResultTypeState power{};
+  power = c10::isIntegralType(self_type, /*includeBool=*/true) || self_type == at::kFloat
+              ? at::native::update_result_type_state(c10::Scalar(2.0), power)
+              : at::native::update_result_type_state(meta({}, self_type), power);
+  power = at::native::update_result_type_state(meta(other.sizes(), other.scalar_type()), power);
+  at::native::ResultTypeState product{};
+  product = at::native::update_result_type_state(meta(self.sizes(), self_type), product);
+  product = at::native::update_result_type_state(
+      meta(other.sizes(), at::native::result_type(power)), product);
+  return at::native::result_type(product);
+}
+
 }  // namespace
 
 // Where PyTorch's Meta kernel (2.13) disagrees with its CPU kernel, even on
@@ -266,6 +294,9 @@ void correctForCpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arg
             contiguousLayout(result.returns[3].tensors[0].dtype, bag_size.sizes);
       }
     }
+  } else if (name == "aten::ldexp" && op.operator_name().overload_name == "Tensor") {
+    result.returns[0].tensors[0].dtype =
+        ldexpDtype(arguments[0].toTensor(), arguments[1].toTensor());
   } else if (name == "aten::_grouped_mm") {
     // The CPU's result has the inputs' dtype (alignWithCpuKernel).
     result.returns[0].tensors[0].dtype = arguments[0].toTensor().scalar_type();
