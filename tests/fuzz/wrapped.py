@@ -86,8 +86,17 @@ def _as_tuple(outputs: Any) -> Tuple[Any, ...]:
     return outputs if isinstance(outputs, tuple) else (outputs,)
 
 
+def _options() -> poptorch.Options:
+    """A wrapper's options. Its ops mixing float16 and float32 compute as PyTorch's do,
+    which the CPU's values follow (PopTorch's own default casts to float16: the seeds' rule,
+    tested by the half-precision tests)."""
+    options = poptorch.Options().showCompilationProgressBar(False)
+    options.Precision.halfFloatCasting(poptorch.HalfFloatCastingBehavior.HalfUpcastToFloat)
+    return options
+
+
 def _check_inference(model: ModelProgram, value_seeds: Sequence[int], iterations: int) -> None:
-    options = poptorch.Options().deviceIterations(iterations).showCompilationProgressBar(False)
+    options = _options().deviceIterations(iterations)
     wrapped = poptorch.inferenceModel(model.model("cpu"), options)
     compiled_shapes: Optional[List[Tuple[int, ...]]] = None
     try:
@@ -260,8 +269,7 @@ def _check_training(model: ModelProgram, value_seeds: Sequence[int]) -> None:
     cpu_model, ipu_model = model.model("cpu"), model.model("cpu")
     cpu_optimizer = torch.optim.SGD(cpu_model.parameters(), lr=LEARNING_RATE)
     training = poptorch.trainingModel(
-        ipu_model, poptorch.Options().showCompilationProgressBar(False),
-        torch.optim.SGD(ipu_model.parameters(), lr=LEARNING_RATE))
+        ipu_model, _options(), torch.optim.SGD(ipu_model.parameters(), lr=LEARNING_RATE))
     # What each parameter's updates summed: p - lr g rounds at |p| and lr |g|.
     scales = {d.name: torch.zeros(d.value.shape) for d in model.params}
     try:
