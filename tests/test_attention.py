@@ -48,6 +48,35 @@ def test_the_ipu_chooses_the_cpu_kernel():
             == torch._fused_sdp_choice(q, k, v, dropout_p=0.5))
 
 
+def mask_gradients(device, wrap_in_subclass):
+    """The gradients of q, k, v and a float mask that requires grad, on `device`:
+    computed directly, or through composite compliance's tensor subclass (as PyTorch's
+    test_ops.py TestCompositeCompliance.test_backward does), which hides requires_grad
+    from the choice of kernel if that choice is asked through the dispatcher."""
+    from torch.testing._internal import composite_compliance
+
+    inputs = [t.to(device).requires_grad_() for t in qkv()]
+    mask = MASKS["float"]().to(device).requires_grad_()
+    if wrap_in_subclass:  # raises where a kernel without a mask gradient ran
+        composite_compliance.check_backward_formula(
+            nn.functional.scaled_dot_product_attention, inputs, {"attn_mask": mask}, None,
+            lambda op, *args, **kwargs: op(*args, **kwargs), torch.testing.assert_close)
+        return None
+    nn.functional.scaled_dot_product_attention(*inputs, attn_mask=mask).pow(2).sum().backward()
+    return [t.grad for t in (*inputs, mask)]
+
+
+# The CPU runs the math path when the mask requires grad (the flash kernel has no mask
+# gradient); so must the ipu, also under a tensor subclass.
+@pytest.mark.parametrize("wrap_in_subclass", [False, True])
+def test_a_mask_that_requires_grad_gets_the_cpus_gradient(wrap_in_subclass):
+    expected = mask_gradients("cpu", wrap_in_subclass)
+    got = mask_gradients("ipu", wrap_in_subclass)
+    if not wrap_in_subclass:
+        for cpu_grad, ipu_grad in zip(expected, got):
+            assert_same(cpu_grad, ipu_grad, rtol=1e-4, atol=1e-5)
+
+
 def test_dropout_and_inference_mode_run():
     q, k, v = (t.to("ipu") for t in qkv())
     with torch.inference_mode():

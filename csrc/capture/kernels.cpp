@@ -373,7 +373,11 @@ int64_t fusedSdpChoice(const at::Tensor& query, const at::Tensor& key, const at:
 // per-device table that has no ipu entry, so on the ipu it would always take
 // the unfused math path (about 2.5x slower for a small encoder's attention).
 // Where the CPU would run its flash kernel, so does the ipu; the math path
-// stays for everything else (dropout, boolean masks, odd shapes).
+// stays for everything else (dropout, boolean masks, odd shapes, a mask that
+// requires grad). The choice is asked of the CPU's kernel directly, as the
+// CPU's attention calls its choice stub: through the dispatcher, a tensor
+// subclass (composite compliance's wrappers) would answer for its unwrapped
+// elements, which do not require grad, and the flash kernel has no mask gradient.
 at::Tensor scaledDotProductAttention(const at::Tensor& query, const at::Tensor& key,
                                      const at::Tensor& value,
                                      const std::optional<at::Tensor>& attn_mask, double dropout_p,
@@ -381,8 +385,8 @@ at::Tensor scaledDotProductAttention(const at::Tensor& query, const at::Tensor& 
   constexpr int64_t kFlashAttention = 1;  // sdp::SDPBackend::flash_attention
   const bool boolean_mask = attn_mask && attn_mask->scalar_type() == at::kBool;
   if (!boolean_mask && !enable_gqa &&
-      at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                            enable_gqa) == kFlashAttention) {
+      fusedSdpChoice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) ==
+          kFlashAttention) {
     return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
         query, key, value, dropout_p, is_causal, attn_mask, scale));
   }
